@@ -1,0 +1,111 @@
+"""`zerotune` commands. Only argument handling and rendering live here: the work is Autotuner's."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+USAGE = "zerotune {tune,run} [options] script.py [script args]   |   zerotune show RESULTS_DIR"
+DESCRIPTION = """Find the fastest DeepSpeed configuration for a training script on this machine.
+
+  tune   run short, measured trials of the script and write the best config
+  run    tune, then train with the best config
+  show   print the summary of a finished or interrupted tuning
+
+The script's own arguments (everything from script.py on) are passed through untouched; they
+must name the ds_config with --deepspeed_config PATH (or --deepspeed PATH). Its "autotuning"
+section is read with DeepSpeed's key names."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zerotune", usage=USAGE, description=DESCRIPTION, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["tune", "run", "show"])
+    p.add_argument("--num-gpus", "--num_gpus", type=int, default=None,
+                   help="processes per node (GPUs; on CPU, processes). Default: all GPUs, or 1 on CPU")
+    p.add_argument("--num-nodes", "--num_nodes", type=int, default=1, help="nodes (only 1 for now)")
+    p.add_argument("--memory-per-device", default=None, metavar="SIZE",
+                   help="memory budget per process, e.g. 16GB; default: GPU memory, or RAM / processes on CPU")
+    p.add_argument("--results-dir", default=None, metavar="DIR",
+                   help="where trials and outputs go (default: autotuning.results_dir, else autotuning_results)")
+    p.add_argument("--time-budget", default=None, metavar="T", help="launch no trial after this long, e.g. 20m")
+    p.add_argument("--trial-timeout", type=float, default=600.0, metavar="S", help="seconds before a trial is ended")
+    p.add_argument("--precision", type=float, default=0.03,
+                   help="stop measuring a trial once the 95%% interval of its step time is within this fraction")
+    p.add_argument("--overwrite", action="store_true", help="discard finished trials instead of resuming")
+    p.add_argument("--quiet", action="store_true", help="print only the result")
+    return p
+
+
+_VALUE_OPTIONS = {"--num-gpus", "--num_gpus", "--num-nodes", "--num_nodes", "--memory-per-device", "--results-dir",
+                  "--time-budget", "--trial-timeout", "--precision"}
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """zerotune's own options, and the user's command (script.py and everything after it,
+    untouched: never given to an argument parser that could abbreviate or eat it)."""
+    own: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if len(own) >= 1 and not a.startswith("-") and own[0] in ("tune", "run"):
+            return own, argv[i:]
+        own.append(a)
+        if a in _VALUE_OPTIONS and i + 1 < len(argv):
+            own.append(argv[i + 1])
+            i += 1
+        i += 1
+    return own, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, command = split_argv(argv)
+    parser = _parser()
+    if own and own[0] == "show":
+        parser.add_argument("results_dir")
+    args = parser.parse_args(own)
+    from ._errors import ZerotuneError
+
+    try:
+        if args.command == "show":
+            from .render import print_summary
+            from .result import load_results
+
+            print_summary(load_results(args.results_dir))
+            return 0
+        return _tune(args, command)
+    except ZerotuneError as e:
+        print(f"zerotune: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _tune(args: argparse.Namespace, command: list[str]) -> int:
+    from .render import ProgressPrinter, print_summary
+    from .tuner import Autotuner
+
+    if not command:
+        print(f"zerotune: error: no training script given\nusage: {USAGE}", file=sys.stderr)
+        return 2
+    printer = ProgressPrinter(quiet=args.quiet)
+    tuner = Autotuner(command, num_gpus=args.num_gpus, num_nodes=args.num_nodes,
+                      memory_per_device=args.memory_per_device, results_dir=args.results_dir,
+                      time_budget=args.time_budget, trial_timeout=args.trial_timeout, precision=args.precision,
+                      overwrite=True if args.overwrite else None, on_event=printer)
+    try:
+        result = tuner.tune()
+    except KeyboardInterrupt:
+        print(f"\nzerotune: interrupted; finished trials are kept in {tuner.results_dir}. "
+              "Rerun the same command to resume.", file=sys.stderr)
+        return 130
+    print_summary(result)
+    if args.command == "run":
+        printer.console.print(f"[bold]training with[/] {result.results_dir / 'ds_config_optimal.json'}")
+        try:
+            return tuner.run_after_tuning()
+        except KeyboardInterrupt:
+            return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

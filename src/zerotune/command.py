@@ -1,0 +1,80 @@
+"""The user's training command: where its ds_config is, and how a trial rewrites it."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._errors import ConfigError, LaunchError
+
+CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
+
+
+@dataclass(frozen=True)
+class UserCommand:
+    script: str
+    args: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, command: list[str] | tuple[str, ...]) -> "UserCommand":
+        if not command:
+            raise ConfigError("no training script given; usage: zerotune tune [options] script.py "
+                              "--deepspeed_config ds.json [script args]")
+        script, *args = command
+        path = Path(script)
+        if not path.is_file():
+            raise LaunchError(f"training script {script!r} does not exist; give the path of your DeepSpeed "
+                              "training script (relative to this folder or absolute)")
+        if path.suffix != ".py":
+            raise ConfigError(f"training script {script!r} is not a .py file; zerotune runs Python scripts")
+        return cls(str(path), tuple(args))
+
+    def config_position(self) -> tuple[int, bool] | None:
+        """Index of the ds_config path in args, and whether it is joined (``--flag=path``)."""
+        for i, a in enumerate(self.args):
+            for flag in CONFIG_FLAGS:
+                if a.startswith(flag + "="):
+                    return i, True
+                if a == flag and i + 1 < len(self.args):
+                    value = self.args[i + 1]
+                    # HF-style "--deepspeed ds.json" holds a path; DeepSpeed's own "--deepspeed" is a switch.
+                    if flag == "--deepspeed_config" or value.endswith(".json") or Path(value).is_file():
+                        return i + 1, False
+        return None
+
+    def config_path(self) -> str | None:
+        pos = self.config_position()
+        if pos is None:
+            return None
+        i, joined = pos
+        return self.args[i].split("=", 1)[1] if joined else self.args[i]
+
+    def trial_args(self, config_path: str, mapped: dict[str, str] | None = None) -> list[str]:
+        """The user's args, untouched except the ds_config path and the ``arg_mappings`` values."""
+        args = list(self.args)
+        pos = self.config_position()
+        if pos is None:
+            args += ["--deepspeed_config", config_path]
+        else:
+            i, joined = pos
+            args[i] = args[i].split("=", 1)[0] + "=" + config_path if joined else config_path
+        for flag, value in (mapped or {}).items():
+            args = _set_arg(args, flag, value)
+        return args
+
+    def takes_local_rank(self) -> bool:
+        """Scripts that declare --local_rank (or use HF's TrainingArguments) get it per rank."""
+        try:
+            text = Path(self.script).read_text(errors="replace")
+        except OSError:
+            return False
+        return bool(re.search(r"local[_-]rank|TrainingArguments|HfArgumentParser", text))
+
+
+def _set_arg(args: list[str], flag: str, value: str) -> list[str]:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[:i + 1] + [value] + args[i + 2:]
+        if a.startswith(flag + "="):
+            return args[:i] + [f"{flag}={value}"] + args[i + 1:]
+    return args + [flag, value]

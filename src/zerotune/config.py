@@ -1,0 +1,183 @@
+"""The ``autotuning`` section of a ds_config, read with DeepSpeed's key names and meanings.
+
+Everything the user can get wrong is checked here, before any process starts, and reported as
+one :class:`ConfigError` that names the key and the fix.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ._errors import ConfigError
+
+STAGES = (0, 1, 2, 3)
+
+
+class ModelInfo(BaseModel):
+    """What the user already knows about the model (DeepSpeed's ``model_info``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    profile: bool = False
+    num_params: int | None = Field(default=None, gt=0)
+    hidden_size: int | None = Field(default=None, gt=0)
+    num_layers: int | None = Field(default=None, gt=0)
+
+
+class AutotuningConfig(BaseModel):
+    """DeepSpeed's ``autotuning`` keys. Defaults are DeepSpeed's, except where noted."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = False
+    fast: bool = True
+    results_dir: str = "autotuning_results"
+    exps_dir: str = "autotuning_exps"
+    # DeepSpeed defaults to True; zerotune keeps finished trials so a rerun resumes.
+    overwrite: bool = False
+    metric: Literal["throughput", "latency", "flops"] = "throughput"
+    metric_path: str | None = None
+    start_profile_step: int = Field(default=3, ge=1)
+    end_profile_step: int = Field(default=5, ge=2)
+    tuner_type: Literal["gridsearch", "random", "model_based"] = "gridsearch"
+    tuner_early_stopping: int = Field(default=5, ge=1)
+    tuner_num_trials: int = Field(default=50, ge=1)
+    arg_mappings: dict[str, str] | None = None
+    max_train_batch_size: int | None = Field(default=None, ge=1)
+    min_train_micro_batch_size_per_gpu: int = Field(default=1, ge=1)
+    max_train_micro_batch_size_per_gpu: int = Field(default=1024, ge=1)
+    num_tuning_micro_batch_sizes: int = Field(default=3, ge=1)
+    mp_size: int = Field(default=1, ge=1)
+    model_info: ModelInfo | None = None
+    model_info_path: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "AutotuningConfig":
+        if self.min_train_micro_batch_size_per_gpu > self.max_train_micro_batch_size_per_gpu:
+            raise ValueError(
+                f"min_train_micro_batch_size_per_gpu ({self.min_train_micro_batch_size_per_gpu}) is above "
+                f"max_train_micro_batch_size_per_gpu ({self.max_train_micro_batch_size_per_gpu}); "
+                "lower the minimum or raise the maximum")
+        if self.end_profile_step <= self.start_profile_step:
+            raise ValueError(f"end_profile_step ({self.end_profile_step}) must be above start_profile_step "
+                             f"({self.start_profile_step})")
+        return self
+
+
+def _pydantic_message(err: ValidationError, section: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        where = f"{section}.{loc}" if loc else section
+        if e["type"] == "extra_forbidden":
+            fields = AutotuningConfig.model_fields if len(e["loc"]) == 1 else ModelInfo.model_fields
+            close = difflib.get_close_matches(str(e["loc"][-1]), list(fields), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(fields)}"
+            lines.append(f"{where}: unknown key{hint}")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}: {msg} (got {e.get('input')!r})" if e["type"] != "value_error" else f"{where}: {msg}")
+    return "; ".join(lines)
+
+
+@dataclass(kw_only=True)
+class TuningRequest:
+    """What to tune, read from a ds_config: the user's config without the autotuning section,
+    the stages and micro-batches to consider, and the autotuning options."""
+
+    base_config: dict[str, Any]
+    """The user's ds_config minus ``autotuning``, with list/"all"/"auto" values still in place."""
+    autotuning: AutotuningConfig
+    stages: list[int]
+    """Stages to try, ascending."""
+    micro_batches: list[int] | None
+    """Micro-batches the user fixed (an int or a list); None means search the bounds."""
+    global_batch: int | None
+    """Fixed train batch size (max_train_batch_size, else the user's train_batch_size), or None."""
+
+
+def load_ds_config(source: str | Path | dict[str, Any]) -> dict[str, Any]:
+    """Read a ds_config from a dict or a JSON file, with a clear error for a bad file."""
+    if isinstance(source, dict):
+        return json.loads(json.dumps(source))  # a deep copy that is also proof it is JSON
+    path = Path(source)
+    if not path.is_file():
+        raise ConfigError(f"ds_config {str(path)!r} does not exist; pass --deepspeed_config PATH to a JSON file")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"ds_config {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; "
+                          "fix the file (a trailing comma or a missing quote is the usual cause)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"ds_config {str(path)!r} is not a text file") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"ds_config {str(path)!r} must hold a JSON object {{...}}, not {type(data).__name__}")
+    return data
+
+
+def _parse_stages(value: Any) -> list[int]:
+    if value is None or value == "all":
+        return list(STAGES)
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v in STAGES for v in values):
+        raise ConfigError(f"zero_optimization.stage: {value!r} is not a ZeRO stage; use 0, 1, 2 or 3, "
+                          'a list of them such as [1, 2], or "all"')
+    return sorted(set(values))
+
+
+def _parse_micro_batches(value: Any) -> list[int] | None:
+    if value is None or value == "auto":
+        return None
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise ConfigError(f"train_micro_batch_size_per_gpu: {value!r} is not a micro-batch size; use a positive "
+                          'integer, a list of them, or "auto" to let zerotune search')
+    return sorted(set(values))
+
+
+def parse_request(ds_config: dict[str, Any], *, world_size: int) -> TuningRequest:
+    """Validate ``ds_config`` for tuning on ``world_size`` processes."""
+    config = load_ds_config(ds_config)
+    section = config.pop("autotuning", None) or {}
+    if not isinstance(section, dict):
+        raise ConfigError("autotuning: must be a JSON object {...}")
+    try:
+        at = AutotuningConfig.model_validate(section)
+    except ValidationError as e:
+        raise ConfigError(_pydantic_message(e, "autotuning")) from None
+    zero = config.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        raise ConfigError("zero_optimization: must be a JSON object {...}")
+    stages = _parse_stages(zero.get("stage"))
+    micro_batches = _parse_micro_batches(config.get("train_micro_batch_size_per_gpu"))
+    if world_size % at.mp_size:
+        raise ConfigError(f"autotuning.mp_size ({at.mp_size}) does not divide the {world_size} processes; "
+                          "use a model-parallel size that divides --num-gpus x --num-nodes")
+    dp = world_size // at.mp_size
+    global_batch = at.max_train_batch_size
+    user_tbs = config.get("train_batch_size")
+    if global_batch is None and isinstance(user_tbs, int) and not isinstance(user_tbs, bool):
+        global_batch = user_tbs
+    if global_batch is not None:
+        if global_batch % dp:
+            raise ConfigError(f"the global batch {global_batch} cannot be split over {dp} data-parallel processes; "
+                              f"set autotuning.max_train_batch_size to a multiple of {dp}")
+        per_rank = global_batch // dp
+        if per_rank < at.min_train_micro_batch_size_per_gpu:
+            raise ConfigError(
+                f"the global batch {global_batch} gives {per_rank} samples per data-parallel process, below "
+                f"min_train_micro_batch_size_per_gpu ({at.min_train_micro_batch_size_per_gpu}); raise "
+                "max_train_batch_size or lower the minimum")
+    if micro_batches is not None and global_batch is not None:
+        bad = [m for m in micro_batches if (global_batch // dp) % m]
+        if bad:
+            raise ConfigError(f"train_micro_batch_size_per_gpu {bad} does not divide the {global_batch // dp} samples "
+                              f"per process of the global batch {global_batch}; choose divisors of it")
+    for key, arg in (at.arg_mappings or {}).items():
+        if not arg.startswith("-"):
+            raise ConfigError(f"autotuning.arg_mappings.{key}: {arg!r} must be a script option such as --{arg}")
+    return TuningRequest(base_config=config, autotuning=at, stages=stages, micro_batches=micro_batches,
+                         global_batch=global_batch)

@@ -1,0 +1,101 @@
+"""Turn what a trial left in its folder (per-rank JSON, logs, exit status) into a TrialResult."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..probe._stats import is_stable, summarize
+from ..trial import Measurement, TrialResult, TrialSpec, TrialState
+
+_OOM_TEXT = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
+_RETURN_CODE = re.compile(r"exits with return code = (-?\d+)")
+
+
+def _read_ranks(trial_dir: Path, world: int) -> list[dict | None]:
+    ranks = []
+    for r in range(world):
+        path = trial_dir / f"rank{r}.json"
+        try:
+            ranks.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            ranks.append(None)
+    return ranks
+
+
+def _last_error_line(trial_dir: Path, world: int) -> str:
+    for r in range(world):
+        path = trial_dir / f"rank{r}.stderr"
+        if not path.exists():
+            continue
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        errs = [ln for ln in lines if re.match(r"^[\w.]+(Error|Exception|Interrupt)\b", ln)]
+        if errs:
+            return f"rank {r}: {errs[-1][:300]}"
+    return ""
+
+
+def _stderr_has_oom(trial_dir: Path, world: int) -> bool:
+    # Only the last lines: an OOM that was caught and survived earlier is not this trial's end.
+    for r in range(world):
+        path = trial_dir / f"rank{r}.stderr"
+        if path.exists() and _OOM_TEXT.search("\n".join(path.read_text(errors="replace").splitlines()[-40:])):
+            return True
+    return False
+
+
+def collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | None, timed_out: bool,
+            timeout: float, wall_time: float, budget: int | None, min_steps: int, rel_ci: float) -> TrialResult:
+    ranks = _read_ranks(trial_dir, world)
+    present = [r for r in ranks if r is not None]
+    result = TrialResult(spec=spec, state=TrialState.CRASHED, wall_time=wall_time, budget=budget)
+    if present:
+        result.peak_memory = [int(r["peak_memory"]) for r in present if r.get("peak_memory") is not None]
+        result.static_memory = [int(r["static_memory"]) for r in present if r.get("static_memory") is not None]
+        result.memory_kind = present[0].get("memory_kind") or ""
+        result.num_params = present[0].get("num_params")
+    states = {r["state"] for r in present}
+    reasons = [r["reason"] for r in present if r.get("reason")]
+    if "oom" in states:
+        result.state, result.reason = TrialState.OOM, next(r["reason"] for r in present if r["state"] == "oom")
+        return result
+    if timed_out:
+        result.state, result.reason = TrialState.TIMEOUT, f"no result within the trial timeout of {timeout:.0f} s"
+        return result
+    if "crashed" in states:
+        result.reason = next(r["reason"] for r in present if r["state"] == "crashed")
+        return result
+    rank0 = ranks[0]
+    if rank0 is None or len(present) < world:
+        if _stderr_has_oom(trial_dir, world):
+            result.state, result.reason = TrialState.OOM, "out of memory (" + (_last_error_line(trial_dir, world)
+                                                                              or "see rank stderr") + ")"
+            return result
+        log = trial_dir / "launcher.log"
+        codes = _RETURN_CODE.findall(log.read_text(errors="replace")) if log.exists() else []
+        if "-9" in codes:
+            result.state = TrialState.OOM
+            result.reason = "a rank was killed by SIGKILL, most likely the kernel's out-of-memory killer"
+            return result
+        detail = _last_error_line(trial_dir, world) or f"the launcher exited with status {returncode}"
+        result.reason = f"{detail} (see {trial_dir}/rank*.stderr)"
+        return result
+    intervals = rank0.get("intervals") or []
+    if not intervals:
+        n = len(rank0.get("times") or [])
+        result.reason = (f"the script ended after {n} optimizer steps, before any step after the "
+                         f"{rank0.get('warmup_steps')} warm-up steps; let it train longer")
+        return result
+    mean, std, ci = summarize(intervals)
+    result.measurement = Measurement(
+        samples_per_step=int(rank0["samples_per_step"]), step_time_mean=mean, step_time_std=std,
+        step_time_ci95=ci if ci != float("inf") else mean, steps_measured=len(intervals),
+        stable=is_stable(intervals, min_steps=min_steps, rel_ci=rel_ci),
+        tokens_per_sample=rank0.get("tokens_per_sample"), flops_per_step=rank0.get("flops_per_step"),
+        flops_note=rank0.get("flops_note") or "")
+    if budget and result.max_peak and result.max_peak > budget:
+        result.state, result.reason = TrialState.OOM, f"peak memory {result.max_peak} bytes above the budget"
+        return result
+    result.state = TrialState.OK
+    result.reason = "; ".join(reasons + [r["note"] for r in present[:1] if r.get("note")])
+    return result

@@ -1,0 +1,194 @@
+"""Hooks on DeepSpeed's engine that time optimizer steps and stop the trial when measured."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ._memory import MemoryReader
+from ._stats import is_stable
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def _first_tensor(args, kwargs, torch):
+    for value in list(args) + list(kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+            return value[0]
+        if isinstance(value, dict):
+            for v in value.values():
+                if isinstance(v, torch.Tensor):
+                    return v
+    return None
+
+
+class StepProbe:
+    """Lives in every rank. Rank 0 decides when to stop; an all-reduce makes every rank agree,
+    so all of them leave at the same optimizer step and none waits in a collective."""
+
+    def __init__(self, spec: dict[str, Any], rank: int):
+        import torch
+
+        self.torch = torch
+        self.spec = spec
+        self.rank = rank
+        self.out = Path(spec["out_dir"])
+        self.times: list[float] = []
+        self.static_memory: int | None = None
+        self.tokens_per_sample: int | None = None
+        self.observed_batch: int | None = None
+        self.fwd_flops: float | None = None
+        self.flops_note = "not profiled"
+        self.forwards = 0
+        self.memory: MemoryReader | None = None
+        self.engine = None
+        self.start = time.perf_counter()
+
+    # -- hooks -------------------------------------------------------------------------------
+    def before_forward(self, engine, args, kwargs) -> bool:
+        """Returns True when this forward should be profiled for FLOPs."""
+        self.forwards += 1
+        if self.engine is None:
+            self.engine = engine
+            self.memory = MemoryReader(engine.device.type if hasattr(engine.device, "type") else
+                                       str(engine.device).split(":")[0], self.torch)
+            self.static_memory = self.memory.current()
+            tensor = _first_tensor(args, kwargs, self.torch)
+            if tensor is not None and tensor.dim() >= 1:
+                self.observed_batch = int(tensor.shape[0])
+                if tensor.dim() == 2 and not tensor.is_floating_point():
+                    self.tokens_per_sample = int(tensor.shape[1])
+        # Profile one forward during warm-up (the second optimizer step), never a timed one.
+        return self.spec.get("profile_flops", True) and len(self.times) == 1 and self.fwd_flops is None \
+            and self.flops_note == "not profiled"
+
+    def after_step(self, engine) -> None:
+        """Called after every optimizer step (gradient-accumulation boundary)."""
+        from deepspeed.accelerator import get_accelerator
+
+        get_accelerator().synchronize()
+        self.times.append(time.perf_counter())
+        if len(self.times) == 1:
+            self._check_config(engine)
+        over_budget = self._over_budget()
+        stop = self.rank == 0 and self._measured_enough()
+        flags = self.torch.tensor([float(stop), float(over_budget)], device=self._flag_device())
+        if self.torch.distributed.is_initialized():
+            self.torch.distributed.all_reduce(flags, op=self.torch.distributed.ReduceOp.MAX)
+        stop, any_over = bool(flags[0].item()), bool(flags[1].item())
+        if any_over:
+            self.finish("oom", f"peak memory above the budget of {self.spec['budget']} bytes" if over_budget
+                        else "another rank went above the memory budget")
+        if stop:
+            self.finish("ok", "")
+
+    # -- decisions ---------------------------------------------------------------------------
+    def intervals(self) -> list[float]:
+        warmup = self.spec["warmup_steps"]
+        t = self.times
+        return [t[i] - t[i - 1] for i in range(max(1, warmup), len(t))]
+
+    def _measured_enough(self) -> bool:
+        iv = self.intervals()
+        if is_stable(iv, min_steps=self.spec["min_steps"], rel_ci=self.spec["rel_ci"]):
+            return True
+        measuring = self.times[-1] - self.times[min(len(self.times), max(1, self.spec["warmup_steps"])) - 1]
+        return len(iv) >= self.spec["max_steps"] or (len(iv) >= 2 and measuring >= self.spec["max_seconds"])
+
+    def _over_budget(self) -> bool:
+        budget = self.spec.get("budget")
+        return bool(budget) and self.memory is not None and self.memory.peak() > budget
+
+    def _flag_device(self):
+        dist = self.torch.distributed
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            return self.engine.device
+        return "cpu"
+
+    def _check_config(self, engine) -> None:
+        expect = self.spec.get("expect") or {}
+        got = {"stage": engine.zero_optimization_stage(), "micro_batch": engine.train_micro_batch_size_per_gpu(),
+               "grad_accum": engine.gradient_accumulation_steps()}
+        wrong = {k: (v, got[k]) for k, v in expect.items() if k in got and got[k] != v}
+        if wrong:
+            detail = ", ".join(f"{k} {g} instead of {e}" for k, (e, g) in wrong.items())
+            self.finish("crashed", f"the script did not use the trial's ds_config ({detail}); pass the "
+                                   "--deepspeed_config value through to deepspeed.initialize", code=4)
+        if self.observed_batch is not None and self.observed_batch != got["micro_batch"]:
+            self.batch_note = (f"the first forward saw batch {self.observed_batch}, not the micro-batch "
+                               f"{got['micro_batch']}; build the DataLoader with engine.train_micro_batch_size_per_gpu()")
+
+    # -- results -----------------------------------------------------------------------------
+    def report(self, state: str, reason: str) -> dict[str, Any]:
+        engine = self.engine
+        num_params = None
+        samples_per_step = None
+        if engine is not None:
+            num_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in engine.module.parameters())
+            samples_per_step = engine.train_batch_size()
+            gas = engine.gradient_accumulation_steps()
+        return {
+            "rank": self.rank, "state": state, "reason": reason,
+            "times": self.times, "intervals": self.intervals(), "warmup_steps": self.spec["warmup_steps"],
+            "samples_per_step": samples_per_step, "tokens_per_sample": self.tokens_per_sample,
+            "observed_batch": self.observed_batch, "note": getattr(self, "batch_note", ""),
+            "fwd_flops": self.fwd_flops, "flops_per_step": None if self.fwd_flops is None or engine is None
+            else 3.0 * self.fwd_flops * gas, "flops_note": self.flops_note,
+            "static_memory": self.static_memory, "memory_kind": self.memory.kind if self.memory else None,
+            "peak_memory": self.memory.peak() if self.memory else None,
+            "peak_allocated": self.memory.peak_allocated() if self.memory else None,
+            "num_params": num_params, "elapsed": time.perf_counter() - self.start,
+        }
+
+    def finish(self, state: str, reason: str, code: int = 0) -> None:
+        """Record this rank's result and end the process without running the rest of the script."""
+        write_json_atomic(self.out / f"rank{self.rank}.json", self.report(state, reason))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def install(probe: StepProbe) -> None:
+    """Wrap DeepSpeedEngine.forward and .step at class level, so every engine (also one that
+    Lightning creates) is measured."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    orig_forward, orig_step = DeepSpeedEngine.forward, DeepSpeedEngine.step
+
+    def forward(self, *args, **kwargs):
+        if not probe.before_forward(self, args, kwargs):
+            return orig_forward(self, *args, **kwargs)
+        try:
+            from deepspeed.profiling.flops_profiler import FlopsProfiler
+
+            prof = FlopsProfiler(self.module)
+            prof.start_profile()
+        except Exception as e:  # the profiler is optional: say why it is missing, never guess
+            probe.flops_note = f"flops profiler unavailable: {e}"
+            return orig_forward(self, *args, **kwargs)
+        try:
+            out = orig_forward(self, *args, **kwargs)
+            probe.fwd_flops = float(prof.get_total_flops())
+            probe.flops_note = "3 x forward FLOPs from DeepSpeed's flops profiler"
+        finally:
+            prof.end_profile()
+        return out
+
+    def step(self, *args, **kwargs):
+        boundary = self.is_gradient_accumulation_boundary()
+        out = orig_step(self, *args, **kwargs)
+        if boundary:
+            probe.after_step(self)
+        return out
+
+    DeepSpeedEngine.forward = forward
+    DeepSpeedEngine.step = step

@@ -1,0 +1,73 @@
+"""Comparing measured configurations honestly: by metric direction and measured noise."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .trial import TrialResult, TrialState
+
+MAXIMIZE = {"throughput": True, "flops": True, "latency": False}
+NOISE_FLOOR = 0.01
+"""Relative differences below this are never called real, however tight the intervals."""
+
+
+def better(metric: str, a: float, b: float) -> bool:
+    return a > b if MAXIMIZE[metric] else a < b
+
+
+def within_noise(metric: str, a: TrialResult, b: TrialResult) -> bool:
+    """True when the difference of ``a`` and ``b`` is inside the 95% interval of the difference."""
+    va, vb = a.metric(metric), b.metric(metric)
+    if va is None or vb is None:
+        return False
+    ca, cb = a.metric_ci(metric) or 0.0, b.metric_ci(metric) or 0.0
+    return abs(va - vb) <= max(math.hypot(ca, cb), NOISE_FLOOR * max(abs(va), abs(vb)))
+
+
+def clearly_worse(metric: str, a: TrialResult, than: TrialResult, margin: float = 0.0) -> bool:
+    """``a`` is worse than ``than`` beyond noise (and beyond ``margin``, a fraction)."""
+    va, vb = a.metric(metric), than.metric(metric)
+    if va is None or vb is None:
+        return va is None and vb is not None
+    if within_noise(metric, a, than):
+        return False
+    return better(metric, vb * (1 - margin if MAXIMIZE[metric] else 1 + margin), va)
+
+
+@dataclass
+class Choice:
+    best: TrialResult
+    ties: list[TrialResult]
+    """Other trials within noise of the fastest one."""
+    note: str
+
+
+def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
+    """The best OK trial. Among trials within noise of the top one, the one with the most
+    memory headroom (lowest peak) wins, and the note says so."""
+    ok = [r for r in results if r.state is TrialState.OK and r.metric(metric) is not None]
+    if not ok:
+        return None
+    ok.sort(key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric])
+    top = ok[0]
+    tied = [r for r in ok if within_noise(metric, r, top)]
+    best = min(tied, key=lambda r: (r.max_peak or 0, ok.index(r)))
+    ties = [r for r in tied if r is not best]
+    note = ""
+    if best is not top:
+        note = (f"{best.name} is within noise of the fastest, {top.name} ({fmt_metric(metric, top)} vs "
+                f"{fmt_metric(metric, best)}); chose {best.name} for its memory headroom")
+    elif ties:
+        note = f"{len(ties)} other trial(s) within noise of {best.name}: " + ", ".join(r.name for r in ties)
+    return Choice(best, ties, note)
+
+
+def fmt_metric(metric: str, r: TrialResult) -> str:
+    v, ci = r.metric(metric), r.metric_ci(metric)
+    if v is None:
+        return "-"
+    if metric == "latency":
+        return f"{v * 1000:.1f} ± {ci * 1000:.1f} ms/step"
+    if metric == "flops":
+        return f"{v / 1e12:.3f} ± {(ci or 0) / 1e12:.3f} TFLOP/s"
+    return f"{v:.1f} ± {ci:.1f} samples/s"

@@ -1,0 +1,132 @@
+"""Outputs of a tuning: summary.txt, ds_config_optimal.json, cmd_optimal.txt; and the real run."""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .ranking import fmt_metric
+from .result import TuningResult
+from .store import write_atomic, write_json
+from .units import format_size
+
+if TYPE_CHECKING:
+    from .tuner import Autotuner
+
+
+def _env_prefix(tuner: "Autotuner") -> list[str]:
+    from .launch import trial_env
+
+    env = trial_env(tuner.num_gpus, tuner.node.device)
+    return [f"{k}={env[k]}" for k in ("DS_ACCELERATOR", "OMP_NUM_THREADS") if tuner.node.device == "cpu" and k in env]
+
+
+def _runner_accepts(argv: list[str], script: str, args: list[str]) -> bool:
+    """Whether DeepSpeed's runner would hand ``args`` to the script untouched (its argparse
+    takes abbreviations, so a script flag like --n can be read as its own --num_nodes)."""
+    import logging
+    import os
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else "cuda")
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    try:
+        from deepspeed.launcher.runner import parse_args
+    except ImportError:
+        return True
+    try:
+        parsed = parse_args(argv)
+    except SystemExit:
+        return False
+    return parsed.user_script == script and list(parsed.user_args) == list(args)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def shell_command(tuner: "Autotuner", args: list[str]) -> str:
+    """A command to paste in a shell: DeepSpeed's runner when it passes the args through
+    untouched, else torchrun. Every word is quoted for the shell."""
+    script = tuner.command.script
+    runner = ["--num_gpus", str(tuner.num_gpus), script, *args]
+    if _runner_accepts(runner, script, args):
+        words = ["deepspeed", *runner]
+    else:
+        words = ["torchrun", f"--nproc_per_node={tuner.num_gpus}", script, *args]
+    return " ".join(_env_prefix(tuner) + [shlex.quote(w) for w in words])
+
+
+def write_optimal_config(config: dict[str, Any], path: Path) -> Path:
+    write_json(path, config)
+    return path
+
+
+def summary_text(result: TuningResult) -> str:
+    rows = result.summary_rows()
+    head = ["stage", "trials", "ok", "oom", "failed", "pruned", "best " + result.metric, "best trial"]
+    table = [[str(r["stage"]), str(r["trials"]), str(r["ok"]), str(r["oom"]), str(r["failed"]), str(r["pruned"]),
+              r["best"], r["best_trial"]] for r in rows]
+    widths = [max(len(h), *(len(row[i]) for row in table)) if table else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in table]
+    lines.append("")
+    if result.best is not None:
+        b = result.best
+        lines.append(f"best: {b.name}  {fmt_metric(result.metric, b)}  peak memory {format_size(b.max_peak)} "
+                     f"per rank (budget {format_size(b.budget)})")
+    else:
+        lines.append("best: none (no trial succeeded)")
+    lines.append(f"trials: {len(result.trials)} ({result.launched} run now), tuning time {result.wall_time:.0f} s")
+    lines += [f"note: {n}" for n in result.notes]
+    lines.append("")
+    lines.append("trial".ljust(24) + "state".ljust(9) + "metric".ljust(30) + "peak/rank".ljust(12) + "why not chosen")
+    for t in result.trials:
+        lines.append(t.name.ljust(24) + t.state.value.ljust(9) + fmt_metric(result.metric, t).ljust(30)
+                     + format_size(t.max_peak).ljust(12) + result.why_lost(t))
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(tuner: "Autotuner") -> None:
+    result = tuner.result
+    assert result is not None
+    root = result.results_dir
+    write_atomic(root / "summary.txt", summary_text(result))
+    write_json(root / "results.json", {"metric": result.metric, "best": result.best.name if result.best else None,
+                                       "trials": [t.to_dict() for t in result.trials], "notes": result.notes})
+    if result.best_config is None:
+        return
+    optimal = write_optimal_config(result.best_config, root / "ds_config_optimal.json")
+    args = tuner.command.trial_args(str(optimal.resolve()), tuner._mapped(result.best.spec))
+    write_atomic(root / "cmd_optimal.txt", shell_command(tuner, args) + "\n")
+
+
+def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str] | None = None) -> int:
+    """The user's real training with ``config_path``, through the same launcher as the trials,
+    its output streamed here. Returns the exit status."""
+    import time
+
+    from .launch import ProcessGroup, launcher_argv, trial_env
+    from .launch._local import free_port
+    from .probe._hooks import write_json_atomic
+
+    args = tuner.command.trial_args(str(config_path.resolve()), tuner._mapped(tuner.result.best.spec))
+    spec_path = tuner.results_dir / "run_probe.json"
+    write_json_atomic(spec_path, {"mode": "run", "script": tuner.command.script, "args": args,
+                                  "local_rank_arg": tuner.command.takes_local_rank()})
+    env = trial_env(tuner.num_gpus, tuner.node.device, {**(extra_env or {}), "ZEROTUNE_PROBE": str(spec_path)})
+    group = ProcessGroup(launcher_argv(tuner.num_gpus, free_port()), env=env, log=None)
+    try:
+        while group.proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        group.kill()
+    sys.stdout.flush()
+    return group.proc.returncode or 0
+
+
+def result_json(result: TuningResult) -> str:
+    return json.dumps({"best": result.best.to_dict() if result.best else None, "notes": result.notes}, indent=2)

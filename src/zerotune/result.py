@@ -1,0 +1,75 @@
+"""What a tuning produced: the best trial and config, every trial, and why each lost."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._errors import ZerotuneError
+from .ranking import MAXIMIZE, choose_best, fmt_metric, within_noise
+from .store import SESSION, ResultStore
+from .trial import TrialResult, TrialState
+
+
+@dataclass(kw_only=True)
+class TuningResult:
+    metric: str
+    trials: list[TrialResult]
+    best: TrialResult | None
+    best_config: dict[str, Any] | None
+    results_dir: Path
+    notes: list[str] = field(default_factory=list)
+    wall_time: float = 0.0
+    launched: int = 0
+    """Trials actually run in this invocation (not reused from disk, not pruned)."""
+
+    def why_lost(self, trial: TrialResult) -> str:
+        """One line on why ``trial`` is not the choice."""
+        if self.best is None:
+            return trial.reason or trial.state.value
+        if trial is self.best or trial.name == self.best.name:
+            return "chosen"
+        if trial.state is not TrialState.OK:
+            return f"{trial.state.value}: {trial.reason}"
+        if within_noise(self.metric, trial, self.best):
+            return f"within noise of {self.best.name}, which has more memory headroom"
+        v, b = trial.metric(self.metric), self.best.metric(self.metric)
+        pct = abs(b - v) / b * 100 if b else 0.0
+        return f"{pct:.1f}% {'slower' if MAXIMIZE[self.metric] else 'higher latency'} than {self.best.name}"
+
+    def summary_rows(self) -> list[dict[str, Any]]:
+        """Per stage: trials, best metric with its spread, best trial."""
+        rows = []
+        for stage in sorted({t.spec.stage for t in self.trials}):
+            trials = [t for t in self.trials if t.spec.stage == stage]
+            choice = choose_best(trials, self.metric)
+            states = {s: sum(t.state is s for t in trials) for s in TrialState}
+            rows.append({"stage": stage, "trials": len(trials),
+                         "ok": states[TrialState.OK], "oom": states[TrialState.OOM],
+                         "failed": states[TrialState.CRASHED] + states[TrialState.TIMEOUT],
+                         "pruned": states[TrialState.PRUNED],
+                         "best": fmt_metric(self.metric, choice.best) if choice else "-",
+                         "best_trial": choice.best.name if choice else "-"})
+        return rows
+
+
+def load_results(results_dir: str | Path) -> TuningResult:
+    """The result of a finished or interrupted tuning, read from disk without running anything."""
+    root = Path(results_dir)
+    session_path = root / SESSION
+    if not session_path.exists():
+        raise ZerotuneError(f"{root} holds no zerotune results ({SESSION} is missing); give the results_dir "
+                            "of a tuning run")
+    session = json.loads(session_path.read_text())
+    trials = ResultStore(root).all_results()
+    metric = session.get("metric", "throughput")
+    choice = choose_best(trials, metric)
+    best_config = None
+    if choice is not None:
+        cfg = root / choice.best.name / "ds_config.json"
+        best_config = json.loads(cfg.read_text()) if cfg.exists() else None
+    return TuningResult(metric=metric, trials=trials, best=choice.best if choice else None,
+                        best_config=best_config, results_dir=root,
+                        notes=session.get("notes", []) + ([choice.note] if choice and choice.note else []),
+                        wall_time=session.get("wall_time", 0.0))

@@ -1,0 +1,30 @@
+"""The searcher interface: what to try next, and what was learned."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+from ..trial import TrialResult, TrialSpec
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    spec: TrialSpec
+    prune_reason: str = ""
+    """Non-empty: record the trial as pruned with this reason instead of launching it."""
+
+
+class Searcher(abc.ABC):
+    """Proposes trials one at a time and learns from each result (Optuna's sampler shape).
+    A searcher must be deterministic given the same results, so that a rerun that replays
+    stored results asks for the same trials: that is how resume works."""
+
+    @abc.abstractmethod
+    def suggest(self) -> Suggestion | None:
+        """The next trial, or None when the search is over."""
+
+    @abc.abstractmethod
+    def observe(self, result: TrialResult) -> None:
+        """The result of the trial last suggested."""
+
+    notes: list[str]

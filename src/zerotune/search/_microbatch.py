@@ -1,0 +1,153 @@
+"""Stage and micro-batch search (``fast: true``).
+
+Phase 1, per stage: find the largest micro-batch that fits, jumping to the boundary the memory
+fit predicts instead of doubling or bisecting. Phase 2: measure smaller micro-batches of the
+stages that can still win, down to ``num_tuning_micro_batch_sizes`` per stage, stopping as soon
+as a smaller one is clearly slower.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+
+from ..memory import MemoryModel
+from ..ranking import choose_best, clearly_worse
+from ..trial import TrialResult, TrialSpec, TrialState
+from ._base import Searcher, Suggestion
+
+SAFETY = 0.95
+"""Aim at most this fraction of the budget when the memory fit is exact (two or more points)."""
+MAX_PHASE1_TRIALS = 6
+CANNOT_WIN_MARGIN = 0.05
+"""A stage whose best is this much worse than the best stage (beyond noise) gets no more trials."""
+
+Plan = Generator[Suggestion, TrialResult, None]
+
+
+class MicroBatchSearch(Searcher):
+    def __init__(self, *, stages: list[int], candidates: list[int], global_batch: int | None, dp: int,
+                 grad_accum: int, budget: int | None, metric: str, num_micro_batches: int,
+                 memory: MemoryModel, prune: dict[int, str] | None = None):
+        assert candidates, "candidates must be validated by the caller"
+        self.stages, self.candidates = stages, sorted(candidates)
+        self.global_batch, self.dp, self.default_gas = global_batch, dp, grad_accum
+        self.budget, self.metric, self.num_micro_batches = budget, metric, num_micro_batches
+        self.memory, self.prune = memory, prune or {}
+        self.results: list[TrialResult] = []
+        self.notes: list[str] = []
+        self._plan = self._run()
+        self._pending: Suggestion | None = None
+        self._started = False
+
+    # -- Searcher ------------------------------------------------------------------------------
+    def suggest(self) -> Suggestion | None:
+        if self._pending is None:
+            try:
+                self._pending = next(self._plan)
+            except StopIteration:
+                return None
+        return self._pending
+
+    def observe(self, result: TrialResult) -> None:
+        assert self._pending is not None and result.spec == self._pending.spec, "observe the suggested trial"
+        self.results.append(result)
+        self.memory.observe(result)
+        try:
+            self._pending = self._plan.send(result)
+        except StopIteration:
+            self._pending = None
+            self._plan = iter(())  # type: ignore[assignment]
+
+    # -- plan ----------------------------------------------------------------------------------
+    def spec(self, stage: int, mb: int) -> TrialSpec:
+        gas = self.global_batch // (mb * self.dp) if self.global_batch else self.default_gas
+        return TrialSpec(stage=stage, micro_batch=mb, grad_accum=gas)
+
+    def _run(self) -> Plan:
+        largest: dict[int, int] = {}
+        for stage in self.stages:
+            if stage in self.prune:
+                yield Suggestion(self.spec(stage, self.candidates[-1]), self.prune[stage])
+                continue
+            fit = yield from self._largest_fit(stage)
+            if fit is not None:
+                largest[stage] = fit
+        yield from self._compare_micro_batches(largest)
+
+    def _ok(self, stage: int) -> list[TrialResult]:
+        return [r for r in self.results if r.spec.stage == stage and r.state is TrialState.OK]
+
+    def _first_guess(self, stage: int) -> int:
+        fit = self.memory.fit(stage)
+        if fit is not None and self.budget:
+            target = self._largest_predicted(self.candidates, fit, exact=fit.exact)
+            return target if target is not None else self.candidates[0]
+        lo, hi = self.candidates[0], self.candidates[-1]
+        return min(self.candidates, key=lambda c: abs(math.log(c) - 0.5 * (math.log(lo) + math.log(hi))))
+
+    def _largest_predicted(self, options: list[int], fit, *, exact: bool) -> int | None:
+        limit = self.budget * (SAFETY if exact else 1.0)
+        fitting = [c for c in options if fit.predict(c) <= limit]
+        return max(fitting) if fitting else None
+
+    def _largest_fit(self, stage: int) -> Generator[Suggestion, TrialResult, int | None]:
+        ok_max: int | None = None
+        oom_min: int | None = None
+        mb = self._first_guess(stage)
+        for _ in range(MAX_PHASE1_TRIALS):
+            result = yield Suggestion(self.spec(stage, mb))
+            if result.state is TrialState.OK:
+                ok_max = max(ok_max or 0, mb)
+            elif result.state in (TrialState.OOM, TrialState.TIMEOUT):
+                # A timeout at a larger micro-batch is treated as "too large" too: smaller ones are faster.
+                oom_min = min(oom_min or mb, mb)
+            else:
+                self.notes.append(f"stage {stage}: {result.name} {result.state.value} ({result.reason}); "
+                                  "no further trials of this stage")
+                return ok_max
+            open_range = [c for c in self.candidates
+                          if (ok_max is None or c > ok_max) and (oom_min is None or c < oom_min)]
+            if not open_range:
+                break
+            fit = self.memory.fit(stage)
+            if ok_max is None:
+                # Nothing fits yet: go well below the failure, geometrically.
+                below = [c for c in open_range if c <= max(1, mb // 4)] or open_range[:1]
+                mb = below[-1]
+                continue
+            if fit is None or not self.budget:
+                mb = open_range[-1]
+                continue
+            target = self._largest_predicted(open_range, fit, exact=fit.exact)
+            if target is None:
+                break  # the fit says nothing larger fits: trust it rather than spend an OOM trial
+            mb = target
+        if ok_max is None:
+            self.notes.append(f"stage {stage}: no micro-batch in {self.candidates} fits the budget")
+        return ok_max
+
+    def _compare_micro_batches(self, largest: dict[int, int]) -> Plan:
+        ranked = sorted(largest, key=lambda s: self._stage_best(s).metric(self.metric),
+                        reverse=self.metric != "latency")
+        for stage in ranked:
+            best_all = choose_best(self.results, self.metric)
+            if best_all and clearly_worse(self.metric, self._stage_best(stage), best_all.best, CANNOT_WIN_MARGIN):
+                self.notes.append(f"stage {stage}: skipped smaller micro-batches; its best "
+                                  f"{self._stage_best(stage).name} cannot win against {best_all.best.name}")
+                continue
+            mb = largest[stage]
+            while len({r.spec.micro_batch for r in self._ok(stage)}) < self.num_micro_batches:
+                measured = {r.spec.micro_batch for r in self.results if r.spec.stage == stage}
+                smaller = [c for c in self.candidates if c < mb and c not in measured]
+                if not smaller:
+                    break
+                mb = min(smaller, key=lambda c: abs(math.log(c) - math.log(mb / 2)))
+                result = yield Suggestion(self.spec(stage, mb))
+                stage_best = self._stage_best(stage)
+                if result.state is not TrialState.OK or clearly_worse(self.metric, result, stage_best):
+                    break  # throughput falls with the micro-batch: smaller ones won't win either
+
+    def _stage_best(self, stage: int) -> TrialResult:
+        choice = choose_best(self._ok(stage), self.metric)
+        assert choice is not None
+        return choice.best

@@ -1,0 +1,134 @@
+"""What a trial is (spec), how it ended (state) and what it measured (result)."""
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class TrialState(str, enum.Enum):
+    OK = "ok"
+    OOM = "oom"
+    TIMEOUT = "timeout"
+    CRASHED = "crashed"
+    PRUNED = "pruned"
+    """Never launched: predicted not to fit, or invalid for the user's settings."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialSpec:
+    """One configuration to measure: a ZeRO stage, a micro-batch and accumulation, and any
+    further ds_config overrides (dotted keys)."""
+
+    stage: int
+    micro_batch: int
+    grad_accum: int = 1
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """Canonical, short and stable: the trial's folder name."""
+        parts = [f"z{self.stage}", f"mb{self.micro_batch}", f"gas{self.grad_accum}"]
+        parts += [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in self.overrides]
+        return "_".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
+                "overrides": [list(o) for o in self.overrides]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrialSpec":
+        return cls(stage=d["stage"], micro_batch=d["micro_batch"], grad_accum=d.get("grad_accum", 1),
+                   overrides=tuple(tuple(o) for o in d.get("overrides", ())))
+
+
+@dataclass(kw_only=True)
+class Measurement:
+    """End-to-end timing of optimizer steps, aggregated over ranks by the launcher."""
+
+    samples_per_step: int
+    step_time_mean: float
+    step_time_std: float
+    step_time_ci95: float
+    """Half-width of the 95% interval of the mean step time, in seconds."""
+    steps_measured: int
+    stable: bool
+    tokens_per_sample: int | None = None
+    flops_per_step: float | None = None
+    """Model FLOPs of one optimizer step on one rank (DeepSpeed's flops profiler), or None."""
+    flops_note: str = ""
+
+    @property
+    def throughput(self) -> float:
+        return self.samples_per_step / self.step_time_mean
+
+    @property
+    def throughput_ci95(self) -> float:
+        """Half-width of the 95% interval of the throughput (first-order propagation)."""
+        return self.throughput * self.step_time_ci95 / self.step_time_mean
+
+    @property
+    def flops(self) -> float | None:
+        return None if self.flops_per_step is None else self.flops_per_step / self.step_time_mean
+
+
+@dataclass(kw_only=True)
+class TrialResult:
+    """A finished trial: its spec, final state, why (for anything but ok) and measurements."""
+
+    spec: TrialSpec
+    state: TrialState
+    reason: str = ""
+    measurement: Measurement | None = None
+    peak_memory: list[int] = field(default_factory=list)
+    """Per-rank peak memory in bytes: device max reserved on GPU, peak RSS on CPU."""
+    static_memory: list[int] = field(default_factory=list)
+    """Per-rank memory in use before the first forward (model states after initialize)."""
+    memory_kind: str = ""
+    num_params: int | None = None
+    wall_time: float = 0.0
+    budget: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def max_peak(self) -> int | None:
+        return max(self.peak_memory) if self.peak_memory else None
+
+    def metric(self, metric: str) -> float | None:
+        """The value of ``metric`` (throughput: samples/s; latency: s per step; flops: FLOP/s)."""
+        m = self.measurement
+        if self.state is not TrialState.OK or m is None:
+            return None
+        return {"throughput": m.throughput, "latency": m.step_time_mean, "flops": m.flops}[metric]
+
+    def metric_ci(self, metric: str) -> float | None:
+        m = self.measurement
+        if m is None:
+            return None
+        if metric == "latency":
+            return m.step_time_ci95
+        if metric == "flops":
+            return None if m.flops is None else m.flops * m.step_time_ci95 / m.step_time_mean
+        return m.throughput_ci95
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"name": self.name, "spec": self.spec.to_dict(), "state": self.state.value, "reason": self.reason,
+             "measurement": asdict(self.measurement) if self.measurement else None,
+             "peak_memory": self.peak_memory, "static_memory": self.static_memory, "memory_kind": self.memory_kind,
+             "num_params": self.num_params, "wall_time": self.wall_time, "budget": self.budget}
+        if self.measurement:
+            d["throughput"] = self.measurement.throughput
+            d["throughput_ci95"] = self.measurement.throughput_ci95
+            d["flops"] = self.measurement.flops
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrialResult":
+        m = d.get("measurement")
+        return cls(spec=TrialSpec.from_dict(d["spec"]), state=TrialState(d["state"]), reason=d.get("reason", ""),
+                   measurement=Measurement(**m) if m else None, peak_memory=d.get("peak_memory", []),
+                   static_memory=d.get("static_memory", []), memory_kind=d.get("memory_kind", ""),
+                   num_params=d.get("num_params"), wall_time=d.get("wall_time", 0.0), budget=d.get("budget"))

@@ -1,0 +1,263 @@
+"""The Autotuner: ask the searcher, launch, observe, store. The CLI and Lightning call this."""
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import hardware
+from ._errors import ConfigError, NoFeasibleConfigError
+from .command import UserCommand
+from .config import TuningRequest, load_ds_config, parse_request
+from .launch import Launcher, LocalLauncher, TrialJob
+from .memory import MemoryModel
+from .ranking import choose_best
+from .result import TuningResult
+from .search import MicroBatchSearch, Searcher
+from .store import SESSION, ResultStore, fingerprint, write_json
+from .trial import TrialResult, TrialSpec, TrialState
+from .units import parse_duration, parse_size
+
+
+@dataclass(frozen=True)
+class TuningEvent:
+    """Progress for the caller: kind is one of started, finished, reused, pruned, best, note."""
+
+    kind: str
+    index: int = 0
+    max_trials: int = 0
+    spec: TrialSpec | None = None
+    result: TrialResult | None = None
+    message: str = ""
+
+
+def trial_config(base: dict[str, Any], spec: TrialSpec, dp: int) -> dict[str, Any]:
+    """The user's config with the trial's stage, micro-batch and accumulation filled in."""
+    cfg = copy.deepcopy(base)
+    zero = dict(cfg.get("zero_optimization") or {})
+    zero["stage"] = spec.stage
+    cfg["zero_optimization"] = zero
+    cfg["train_micro_batch_size_per_gpu"] = spec.micro_batch
+    cfg["gradient_accumulation_steps"] = spec.grad_accum
+    cfg["train_batch_size"] = spec.micro_batch * spec.grad_accum * dp
+    for key, value in spec.overrides:
+        node = cfg
+        *path, leaf = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return cfg
+
+
+def invalid_stages(base: dict[str, Any], stages: list[int]) -> dict[int, str]:
+    """Stages the user's own offload settings rule out, with the reason."""
+    zero = base.get("zero_optimization") or {}
+    out: dict[int, str] = {}
+
+    def offloads(key: str) -> bool:
+        block = zero.get(key)
+        return isinstance(block, dict) and block.get("device", "none") not in ("none", None)
+
+    for stage in stages:
+        if offloads("offload_param") and stage < 3:
+            out[stage] = "offload_param needs ZeRO stage 3"
+        elif offloads("offload_optimizer") and stage < 1:
+            out[stage] = "offload_optimizer needs ZeRO stage 1 or higher"
+    return out
+
+
+class Autotuner:
+    """Finds the fastest DeepSpeed configuration of a training command on this node.
+
+    ``command`` is the user's script and its arguments; ``ds_config`` a dict or a path (default:
+    the ``--deepspeed_config``/``--deepspeed`` value in the command). ``memory_per_device`` is a
+    budget in bytes or a size such as "16GB" (default: device memory on GPU, RAM / processes on
+    CPU). ``time_budget`` stops launching trials after that many seconds (or "20m").
+    """
+
+    def __init__(self, command: list[str], ds_config: str | Path | dict[str, Any] | None = None, *,
+                 num_gpus: int | None = None, num_nodes: int = 1, memory_per_device: int | str | None = None,
+                 results_dir: str | Path | None = None, searcher: Searcher | None = None,
+                 time_budget: float | str | None = None, launcher: Launcher | None = None,
+                 on_event: Callable[[TuningEvent], None] | None = None, trial_timeout: float = 600.0,
+                 precision: float = 0.03, max_measure_seconds: float = 30.0, overwrite: bool | None = None,
+                 node: hardware.Node | None = None):
+        self.command = UserCommand.parse(command)
+        source = ds_config if ds_config is not None else self.command.config_path()
+        if source is None:
+            raise ConfigError("no ds_config given; add --deepspeed_config ds.json to the script's arguments")
+        self.user_config = load_ds_config(source)
+        if num_nodes != 1:
+            raise ConfigError("--num-nodes above 1 is not supported yet; tune on one node")
+        self.node = node or hardware.detect()
+        self.num_gpus = num_gpus or (self.node.device_count if self.node.device == "cuda" else 1)
+        if num_gpus is not None and num_gpus < 1:
+            raise ConfigError(f"--num-gpus must be at least 1, not {num_gpus}")
+        if self.node.device == "cuda" and self.num_gpus > self.node.device_count:
+            raise ConfigError(f"--num-gpus {self.num_gpus} is more than the {self.node.device_count} GPUs here")
+        self.request: TuningRequest = parse_request(self.user_config, world_size=self.num_gpus)
+        at = self.request.autotuning
+        self.dp = self.num_gpus // at.mp_size
+        self.budget = self._budget(memory_per_device)
+        self.results_dir = Path(results_dir or at.results_dir)
+        self.overwrite = at.overwrite if overwrite is None else overwrite
+        self.time_budget = parse_duration(time_budget, what="--time-budget") if time_budget else None
+        self.launcher = launcher or LocalLauncher(device=self.node.device)
+        self.on_event = on_event or (lambda e: None)
+        self.trial_timeout, self.precision, self.max_measure_seconds = trial_timeout, precision, max_measure_seconds
+        self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16"))
+        self.searcher = searcher or self._default_searcher()
+        self.result: TuningResult | None = None
+
+    # -- set-up --------------------------------------------------------------------------------
+    def _budget(self, memory_per_device: int | str | None) -> int:
+        if memory_per_device is not None:
+            return parse_size(memory_per_device, what="--memory-per-device")
+        if self.node.device == "cuda" and self.node.device_memory:
+            return self.node.device_memory
+        return self.node.host_memory // self.num_gpus
+
+    def candidates(self) -> list[int]:
+        at, req = self.request.autotuning, self.request
+        lo, hi = at.min_train_micro_batch_size_per_gpu, at.max_train_micro_batch_size_per_gpu
+        if req.micro_batches is not None:
+            return req.micro_batches
+        if req.global_batch is None:
+            return list(range(lo, hi + 1))
+        per_rank = req.global_batch // self.dp
+        out = [m for m in range(lo, min(hi, per_rank) + 1) if per_rank % m == 0]
+        if not out:
+            raise ConfigError(f"no micro-batch between {lo} and {hi} divides the {per_rank} samples per process of "
+                              f"the global batch {req.global_batch}; widen the micro-batch bounds or change "
+                              "max_train_batch_size")
+        return out
+
+    def _default_searcher(self) -> Searcher:
+        at = self.request.autotuning
+        gas = self.user_config.get("gradient_accumulation_steps")
+        return MicroBatchSearch(
+            stages=self.request.stages, candidates=self.candidates(), global_batch=self.request.global_batch,
+            dp=self.dp, grad_accum=gas if isinstance(gas, int) and gas >= 1 else 1, budget=self.budget,
+            metric=at.metric, num_micro_batches=at.num_tuning_micro_batch_sizes,
+            memory=MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision),
+            prune=invalid_stages(self.request.base_config, self.request.stages))
+
+    # -- the loop ------------------------------------------------------------------------------
+    def tune(self) -> TuningResult:
+        """Run the search; finished trials on disk are reused, so a rerun resumes."""
+        at = self.request.autotuning
+        store = ResultStore(self.results_dir, overwrite=self.overwrite)
+        self.overwrite = False  # a second tune() on this object resumes
+        start = time.monotonic()
+        trials: list[TrialResult] = []
+        launched = 0
+        best_name = None
+        self._write_session(store, "running", [], 0.0)
+        try:
+            while (suggestion := self.searcher.suggest()) is not None:
+                spec = suggestion.spec
+                if suggestion.prune_reason:
+                    result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=suggestion.prune_reason,
+                                         budget=self.budget)
+                    store.save(result, "pruned")
+                    self._emit("pruned", len(trials), spec, result, suggestion.prune_reason)
+                else:
+                    cfg = trial_config(self.request.base_config, spec, self.dp)
+                    key = self._key(cfg)
+                    result = store.load(spec.name, key)
+                    if result is not None:
+                        self._emit("reused", len(trials), spec, result)
+                    else:
+                        if launched >= at.tuner_num_trials:
+                            self._note(f"stopped after tuner_num_trials={at.tuner_num_trials} trials")
+                            break
+                        if self.time_budget and time.monotonic() - start > self.time_budget:
+                            self._note(f"stopped at the time budget of {self.time_budget:.0f} s")
+                            break
+                        self._emit("started", len(trials), spec)
+                        result = self.launcher.run(self._job(store, spec, cfg))
+                        launched += 1
+                        store.save(result, key)
+                        self._emit("finished", len(trials), spec, result)
+                trials.append(result)
+                self.searcher.observe(result)
+                choice = choose_best(trials, at.metric)
+                if choice and choice.best.name != best_name:
+                    best_name = choice.best.name
+                    self._emit("best", len(trials), choice.best.spec, choice.best)
+        except BaseException:
+            self.launcher.close()
+            self._write_session(store, "interrupted", trials, time.monotonic() - start)
+            raise
+        wall = time.monotonic() - start
+        choice = choose_best(trials, at.metric)
+        notes = list(getattr(self.searcher, "notes", [])) + ([choice.note] if choice and choice.note else [])
+        best_config = trial_config(self.request.base_config, choice.best.spec, self.dp) if choice else None
+        self.result = TuningResult(metric=at.metric, trials=trials, best=choice.best if choice else None,
+                                   best_config=best_config, results_dir=self.results_dir, notes=notes,
+                                   wall_time=wall, launched=launched)
+        self._write_session(store, "finished", trials, wall, notes)
+        from .report import write_outputs
+
+        write_outputs(self)
+        if choice is None:
+            raise NoFeasibleConfigError(
+                "no configuration ran successfully: " + "; ".join(f"{t.name}: {t.state.value} ({t.reason})"
+                                                               for t in trials[-3:])
+                + f". Trial logs are in {self.results_dir}; lower min_train_micro_batch_size_per_gpu, raise "
+                  "--memory-per-device, or fix the error shown")
+        return self.result
+
+    def _job(self, store: ResultStore, spec: TrialSpec, cfg: dict[str, Any]) -> TrialJob:
+        d = store.trial_dir(spec.name)
+        write_json(d / "ds_config.json", cfg)
+        args = self.command.trial_args(str((d / "ds_config.json").resolve()), self._mapped(spec))
+        at = self.request.autotuning
+        job = TrialJob(spec=spec, trial_dir=d, ds_config=cfg, script=self.command.script, script_args=args,
+                       local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
+                       warmup_steps=at.start_profile_step,
+                       min_steps=max(3, at.end_profile_step - at.start_profile_step),
+                       max_seconds=self.max_measure_seconds, rel_ci=self.precision, timeout=self.trial_timeout)
+        write_json(d / "exp.json", {"name": spec.name, **spec.to_dict(), "ds_config": cfg})
+        return job
+
+    def _mapped(self, spec: TrialSpec) -> dict[str, str]:
+        values = {"train_micro_batch_size_per_gpu": spec.micro_batch, "gradient_accumulation_steps": spec.grad_accum}
+        return {arg: str(values[key]) for key, arg in (self.request.autotuning.arg_mappings or {}).items()
+                if key in values}
+
+    def _key(self, cfg: dict[str, Any]) -> str:
+        return fingerprint({"config": cfg, "script": str(Path(self.command.script).resolve()),
+                            "args": list(self.command.args), "num_gpus": self.num_gpus, "budget": self.budget,
+                            "precision": self.precision})
+
+    def _emit(self, kind: str, index: int = 0, spec=None, result=None, message: str = "") -> None:
+        self.on_event(TuningEvent(kind, index, self.request.autotuning.tuner_num_trials, spec, result, message))
+
+    def _note(self, message: str) -> None:
+        self.searcher.notes.append(message)
+        self._emit("note", message=message)
+
+    def _write_session(self, store: ResultStore, state: str, trials, wall: float, notes=()) -> None:
+        write_json(store.root / SESSION, {
+            "state": state, "metric": self.request.autotuning.metric, "script": self.command.script,
+            "args": list(self.command.args), "num_gpus": self.num_gpus, "device": self.node.device,
+            "budget": self.budget, "wall_time": wall, "trials": [t.name for t in trials], "notes": list(notes)})
+
+    # -- after tuning --------------------------------------------------------------------------
+    def write_optimal_config(self, path: str | Path) -> Path:
+        from .report import write_optimal_config
+
+        assert self.result is not None and self.result.best_config is not None, "call tune() first"
+        return write_optimal_config(self.result.best_config, Path(path))
+
+    def run_after_tuning(self, extra_env: dict[str, str] | None = None) -> int:
+        """Train with the best config, output streamed to this terminal; returns the exit status."""
+        from .report import run_training
+
+        result = self.result or self.tune()
+        assert result.best_config is not None
+        return run_training(self, self.results_dir / "ds_config_optimal.json", extra_env)

@@ -1,0 +1,46 @@
+"""Human sizes (``16GB``, ``1.5GiB``, ``800M``) and durations (``20m``, ``90s``)."""
+from __future__ import annotations
+
+import re
+
+from ._errors import ConfigError
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+GIB = 1024**3
+
+
+def parse_size(text: str | int | float, *, what: str = "size") -> int:
+    """Bytes from ``text``; decimal units (GB) are powers of 1000, binary ones (GiB) of 1024."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value, unit = float(text), ""
+    else:
+        match = _SIZE_RE.match(str(text))
+        if not match or match.group(2).lower() not in _SIZE_UNITS:
+            raise ConfigError(f"{what}: cannot read {text!r} as a size; write it like 16GB, 80GiB or 512MiB")
+        value, unit = float(match.group(1)), match.group(2).lower()
+    size = int(value * _SIZE_UNITS[unit])
+    if size <= 0:
+        raise ConfigError(f"{what}: {text!r} must be larger than zero")
+    return size
+
+
+def parse_duration(text: str | int | float, *, what: str = "duration") -> float:
+    """Seconds from ``90``, ``90s``, ``20m``, ``1.5h``."""
+    match = re.match(r"^\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*$", str(text), re.IGNORECASE)
+    if not match:
+        raise ConfigError(f"{what}: cannot read {text!r} as a duration; write it like 90s, 20m or 1.5h")
+    seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2).lower()]
+    if seconds <= 0:
+        raise ConfigError(f"{what}: {text!r} must be longer than zero")
+    return seconds
+
+
+def format_size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 1024**2:.0f} MiB"

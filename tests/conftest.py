@@ -1,0 +1,54 @@
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from fakes import FakeLauncher, FakeMachine  # noqa: E402
+from zerotune.hardware import Node  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 1024**3
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("import argparse\np = argparse.ArgumentParser()\np.add_argument('--local_rank')\n")
+    return path
+
+
+@pytest.fixture
+def make_config(tmp_path):
+    def make(autotuning=None, **top):
+        cfg = {"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": "all"}, **top}
+        cfg["autotuning"] = {"max_train_batch_size": 64, "min_train_micro_batch_size_per_gpu": 1,
+                             "max_train_micro_batch_size_per_gpu": 32, **(autotuning or {})}
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps(cfg))
+        return path
+    return make
+
+
+@pytest.fixture
+def gpu_node():
+    return Node("cuda", 2, 16 * GIB, 64 * GIB)
+
+
+@pytest.fixture
+def tuner_factory(tmp_path, script, make_config, gpu_node):
+    from zerotune import Autotuner
+
+    def make(autotuning=None, machine=None, launcher=None, memory="8GiB", **kw):
+        cfg = make_config(autotuning, **kw.pop("config", {}))
+        launcher = launcher or FakeLauncher(machine or FakeMachine())
+        events = []
+        kw.setdefault("results_dir", tmp_path / "results")
+        tuner = Autotuner([str(script), "--deepspeed_config", str(cfg)], num_gpus=2, memory_per_device=memory,
+                          launcher=launcher, node=gpu_node,
+                          on_event=events.append, **kw)
+        tuner.events = events
+        return tuner
+    return make

@@ -1,0 +1,59 @@
+"""A fake launcher: trials are answered from a synthetic machine instead of real processes."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from zerotune.launch import Launcher, TrialJob
+from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+
+MIB = 1024**2
+
+
+@dataclass
+class FakeMachine:
+    """peak(stage, mb) = static[stage] + per_sample * mb; step time from a throughput curve."""
+
+    static: dict[int, int] = field(default_factory=lambda: {0: 4000 * MIB, 1: 3000 * MIB, 2: 2500 * MIB,
+                                                            3: 2000 * MIB})
+    per_sample: int = 100 * MIB
+    speed: dict[int, float] = field(default_factory=lambda: {0: 1.0, 1: 1.1, 2: 1.05, 3: 0.8})
+    rel_ci: float = 0.01
+    crash: set[str] = field(default_factory=set)
+    """Trial names that crash."""
+
+    def peak(self, spec: TrialSpec) -> int:
+        return self.static[spec.stage] + self.per_sample * spec.micro_batch
+
+    def throughput(self, spec: TrialSpec) -> float:
+        # Saturating in the micro-batch, scaled per stage.
+        return 1000.0 * self.speed[spec.stage] * (1 - math.exp(-spec.micro_batch / 8))
+
+
+class FakeLauncher(Launcher):
+    def __init__(self, machine: FakeMachine | None = None, interrupt_at: int | None = None):
+        self.machine = machine or FakeMachine()
+        self.jobs: list[TrialJob] = []
+        self.interrupt_at = interrupt_at
+        self.closed = False
+
+    def run(self, job: TrialJob) -> TrialResult:
+        if self.interrupt_at is not None and len(self.jobs) == self.interrupt_at:
+            raise KeyboardInterrupt
+        self.jobs.append(job)
+        m, spec = self.machine, job.spec
+        peak = m.peak(spec)
+        base = dict(spec=spec, peak_memory=[peak, peak], static_memory=[m.static[spec.stage]] * 2,
+                    memory_kind="fake", num_params=10_000_000, budget=job.budget)
+        if spec.name in m.crash:
+            return TrialResult(state=TrialState.CRASHED, reason="RuntimeError: boom", **base)
+        if job.budget and peak > job.budget:
+            return TrialResult(state=TrialState.OOM, reason="CUDA out of memory", **base)
+        samples = spec.micro_batch * spec.grad_accum * (job.num_gpus)
+        step = samples / m.throughput(spec)
+        meas = Measurement(samples_per_step=samples, step_time_mean=step, step_time_std=step * m.rel_ci,
+                           step_time_ci95=step * m.rel_ci, steps_measured=10, stable=True)
+        return TrialResult(state=TrialState.OK, measurement=meas, **base)
+
+    def close(self) -> None:
+        self.closed = True

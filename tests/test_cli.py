@@ -1,0 +1,75 @@
+"""Bad input: one clear message, exit status 2, no traceback."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}
+
+
+def zerotune(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "zerotune.cli", *map(str, args)], capture_output=True, text=True,
+                          env=ENV, cwd=cwd, timeout=60)
+
+
+def write(path, data):
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("config, message", [
+    ('{"autotuning": {"fast": true,}}', "not valid JSON"),
+    ({"autotuning": {"metrik": "latency"}}, "autotuning.metrik: unknown key; did you mean 'metric'"),
+    ({"zero_optimization": {"stage": 5}}, "zero_optimization.stage: 5 is not a ZeRO stage"),
+    ({"autotuning": {"min_train_micro_batch_size_per_gpu": 8, "max_train_micro_batch_size_per_gpu": 2}},
+     "is above max_train_micro_batch_size_per_gpu"),
+    ({"autotuning": {"max_train_batch_size": 7}}, "cannot be split over 2 data-parallel processes"),
+    ({"train_micro_batch_size_per_gpu": "big"}, "train_micro_batch_size_per_gpu"),
+])
+def test_bad_config(tmp_path, script, config, message):
+    cfg = write(tmp_path / "ds.json", config)
+    out = zerotune("tune", "--num-gpus", 2, script, "--deepspeed_config", cfg)
+    assert out.returncode == 2, out.stderr
+    assert message in out.stderr and out.stderr.startswith("zerotune: error:")
+    assert "Traceback" not in out.stderr
+
+
+def test_missing_script(tmp_path):
+    out = zerotune("tune", tmp_path / "nope.py", "--deepspeed_config", "ds.json")
+    assert out.returncode == 2 and "does not exist" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_config_flag(script):
+    out = zerotune("tune", script, "--lr", "1")
+    assert out.returncode == 2 and "add --deepspeed_config" in out.stderr
+
+
+def test_bad_memory_size(tmp_path, script):
+    cfg = write(tmp_path / "ds.json", {})
+    out = zerotune("tune", "--memory-per-device", "lots", script, "--deepspeed_config", cfg)
+    assert out.returncode == 2 and "--memory-per-device: cannot read 'lots' as a size" in out.stderr
+
+
+def test_show_on_a_folder_without_results(tmp_path):
+    out = zerotune("show", tmp_path)
+    assert out.returncode == 2 and "holds no zerotune results" in out.stderr
+
+
+def test_no_script(tmp_path):
+    out = zerotune("tune", "--num-gpus", "2")
+    assert out.returncode == 2 and "no training script" in out.stderr
+
+
+def test_help_is_instant_and_lists_commands():
+    out = zerotune("--help")
+    assert out.returncode == 0 and "tune" in out.stdout and "--memory-per-device" in out.stdout
+
+
+def test_script_arguments_are_not_parsed_by_zerotune():
+    from zerotune.cli import split_argv
+
+    own, cmd = split_argv(["tune", "--num-gpus", "2", "train.py", "--n", "3", "--num-gpus", "9", "--help"])
+    assert own == ["tune", "--num-gpus", "2"]
+    assert cmd == ["train.py", "--n", "3", "--num-gpus", "9", "--help"]

@@ -1,0 +1,77 @@
+"""How a trial's leftovers are classified (no processes: files written by hand)."""
+import json
+
+from zerotune.launch._collect import collect
+from zerotune.trial import TrialSpec, TrialState
+
+SPEC = TrialSpec(stage=2, micro_batch=8, grad_accum=1)
+
+
+def rank(d, r, state="ok", reason="", intervals=(0.5, 0.52, 0.49, 0.51, 0.5), peak=1000, **kw):
+    data = {"rank": r, "state": state, "reason": reason, "times": [0] * (len(intervals) + 3),
+            "intervals": list(intervals), "warmup_steps": 3, "samples_per_step": 16, "tokens_per_sample": 64,
+            "flops_per_step": None, "flops_note": "", "static_memory": 500, "memory_kind": "cpu-rss",
+            "peak_memory": peak, "num_params": 123, "note": "", **kw}
+    (d / f"rank{r}.json").write_text(json.dumps(data))
+
+
+def run(d, returncode=0, timed_out=False, budget=None):
+    return collect(spec=SPEC, trial_dir=d, world=2, returncode=returncode, timed_out=timed_out, timeout=60,
+                   wall_time=1.0, budget=budget, min_steps=3, rel_ci=0.03)
+
+
+def test_ok_with_statistics(tmp_path):
+    rank(tmp_path, 0)
+    rank(tmp_path, 1, peak=1100)
+    r = run(tmp_path)
+    assert r.state is TrialState.OK
+    assert abs(r.measurement.throughput - 16 / 0.504) < 1e-6
+    assert r.peak_memory == [1000, 1100] and r.measurement.steps_measured == 5 and r.measurement.stable
+
+
+def test_word_error_in_normal_output_is_not_a_failure(tmp_path):
+    rank(tmp_path, 0)
+    rank(tmp_path, 1)
+    (tmp_path / "rank0.stderr").write_text("warning: error-feedback compression enabled\nRuntimeError is fine\n")
+    assert run(tmp_path).state is TrialState.OK
+
+
+def test_over_budget_is_oom(tmp_path):
+    rank(tmp_path, 0, peak=5000)
+    rank(tmp_path, 1)
+    r = run(tmp_path, budget=4000)
+    assert r.state is TrialState.OOM
+
+
+def test_probe_reported_oom(tmp_path):
+    rank(tmp_path, 0, state="oom", reason="torch.OutOfMemoryError: CUDA out of memory.")
+    assert run(tmp_path, returncode=3).state is TrialState.OOM
+
+
+def test_cuda_oom_only_in_stderr(tmp_path):
+    (tmp_path / "rank1.stderr").write_text("Traceback...\ntorch.OutOfMemoryError: CUDA out of memory. Tried\n")
+    r = run(tmp_path, returncode=1)
+    assert r.state is TrialState.OOM and "rank 1" in r.reason
+
+
+def test_sigkill_is_likely_host_oom(tmp_path):
+    (tmp_path / "launcher.log").write_text("[ERROR] ['python'] exits with return code = -9\n")
+    r = run(tmp_path, returncode=247)
+    assert r.state is TrialState.OOM and "SIGKILL" in r.reason
+
+
+def test_crash_names_the_error(tmp_path):
+    (tmp_path / "rank0.stderr").write_text("Traceback (most recent call last):\n  ...\nValueError: bad shape\n")
+    r = run(tmp_path, returncode=1)
+    assert r.state is TrialState.CRASHED and "ValueError: bad shape" in r.reason
+
+
+def test_timeout(tmp_path):
+    assert run(tmp_path, returncode=None, timed_out=True).state is TrialState.TIMEOUT
+
+
+def test_script_too_short_to_measure(tmp_path):
+    rank(tmp_path, 0, intervals=())
+    rank(tmp_path, 1, intervals=())
+    r = run(tmp_path)
+    assert r.state is TrialState.CRASHED and "let it train longer" in r.reason

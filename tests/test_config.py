@@ -1,0 +1,99 @@
+import json
+
+import pytest
+
+from zerotune import ConfigError
+from zerotune.config import AutotuningConfig, load_ds_config, parse_request
+
+
+def req(cfg, world=2):
+    return parse_request(cfg, world_size=world)
+
+
+def test_deepspeed_defaults():
+    at = AutotuningConfig()
+    assert (at.fast, at.metric, at.start_profile_step, at.end_profile_step) == (True, "throughput", 3, 5)
+    assert (at.tuner_type, at.tuner_early_stopping, at.tuner_num_trials) == ("gridsearch", 5, 50)
+    assert (at.min_train_micro_batch_size_per_gpu, at.max_train_micro_batch_size_per_gpu) == (1, 1024)
+    assert at.num_tuning_micro_batch_sizes == 3 and at.mp_size == 1
+
+
+def test_every_deepspeed_key_is_accepted():
+    section = {"enabled": True, "fast": False, "results_dir": "r", "exps_dir": "e", "overwrite": True,
+               "metric": "latency", "metric_path": None, "start_profile_step": 2, "end_profile_step": 6,
+               "tuner_type": "model_based", "tuner_early_stopping": 3, "tuner_num_trials": 10,
+               "arg_mappings": {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size"},
+               "max_train_batch_size": 64, "min_train_micro_batch_size_per_gpu": 2,
+               "max_train_micro_batch_size_per_gpu": 16, "num_tuning_micro_batch_sizes": 4, "mp_size": 1,
+               "model_info": {"profile": False, "num_params": 1000, "hidden_size": 64, "num_layers": 2},
+               "model_info_path": None}
+    r = req({"autotuning": section})
+    assert r.autotuning.tuner_type == "model_based" and r.global_batch == 64
+
+
+def test_unknown_key_is_named_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"autotuning\.tuner_typ: unknown key; did you mean 'tuner_type'"):
+        req({"autotuning": {"tuner_typ": "random"}})
+    with pytest.raises(ConfigError, match=r"autotuning\.model_info\.hidden: unknown key"):
+        req({"autotuning": {"model_info": {"hidden": 3}}})
+
+
+@pytest.mark.parametrize("stage, expected", [(None, [0, 1, 2, 3]), ("all", [0, 1, 2, 3]), (2, [2]),
+                                             ([3, 1], [1, 3])])
+def test_stage_forms(stage, expected):
+    cfg = {"zero_optimization": {"stage": stage}} if stage is not None else {}
+    assert req(cfg).stages == expected
+
+
+@pytest.mark.parametrize("stage", [4, -1, "two", [], [1, 5], True])
+def test_invalid_stage(stage):
+    with pytest.raises(ConfigError, match="zero_optimization.stage"):
+        req({"zero_optimization": {"stage": stage}})
+
+
+@pytest.mark.parametrize("mb, expected", [("auto", None), (None, None), (8, [8]), ([16, 4], [4, 16])])
+def test_micro_batch_forms(mb, expected):
+    cfg = {"train_micro_batch_size_per_gpu": mb} if mb is not None else {}
+    assert req(cfg).micro_batches == expected
+
+
+def test_min_above_max():
+    with pytest.raises(ConfigError, match="min_train_micro_batch_size_per_gpu .* is above"):
+        req({"autotuning": {"min_train_micro_batch_size_per_gpu": 64, "max_train_micro_batch_size_per_gpu": 8}})
+
+
+def test_global_batch_not_divisible_by_data_parallel_size():
+    with pytest.raises(ConfigError, match="cannot be split over 2 data-parallel"):
+        req({"autotuning": {"max_train_batch_size": 33}})
+
+
+def test_mp_size_must_divide_world():
+    with pytest.raises(ConfigError, match="mp_size"):
+        req({"autotuning": {"mp_size": 3}}, world=2)
+
+
+def test_bad_metric_value():
+    with pytest.raises(ConfigError, match="autotuning.metric"):
+        req({"autotuning": {"metric": "speed"}})
+
+
+def test_user_train_batch_size_fixes_the_global_batch():
+    assert req({"train_batch_size": 32}).global_batch == 32
+
+
+def test_malformed_json(tmp_path):
+    p = tmp_path / "ds.json"
+    p.write_text('{"train_batch_size": 8,}')
+    with pytest.raises(ConfigError, match=r"not valid JSON: .* line 1"):
+        load_ds_config(p)
+
+
+def test_missing_config(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_ds_config(tmp_path / "nope.json")
+
+
+def test_autotuning_section_is_removed_from_base_config():
+    r = req({"autotuning": {"fast": True}, "fp16": {"enabled": True}})
+    assert "autotuning" not in r.base_config and r.base_config["fp16"] == {"enabled": True}
+    assert json.dumps(r.base_config)

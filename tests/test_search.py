@@ -1,0 +1,127 @@
+"""Search decisions against a synthetic machine (fake launcher): no processes start."""
+from collections import Counter
+
+import pytest
+
+from fakes import FakeLauncher, FakeMachine
+from zerotune import NoFeasibleConfigError
+from zerotune.trial import TrialState
+
+
+def launched(tuner):
+    return [j.spec for j in tuner.launcher.jobs]
+
+
+def test_largest_fitting_micro_batch_per_stage_with_at_most_one_oom(tuner_factory):
+    tuner = tuner_factory(memory="6GiB")  # fits: z0 <=21, z1 <=31, z2/z3 <=32 of {1,2,4,8,16,32}
+    result = tuner.tune()
+    ok = {}
+    for t in result.trials:
+        if t.state is TrialState.OK:
+            ok[t.spec.stage] = max(ok.get(t.spec.stage, 0), t.spec.micro_batch)
+    assert ok == {0: 16, 1: 16, 2: 32, 3: 32}
+    ooms = Counter(t.spec.stage for t in result.trials if t.state is TrialState.OOM)
+    assert all(n <= 1 for n in ooms.values())
+    assert len(result.trials) <= 12
+
+
+def test_jumps_to_the_boundary_instead_of_doubling(tuner_factory):
+    machine = FakeMachine(static={0: 1000 * 1024**2}, per_sample=50 * 1024**2)
+    tuner = tuner_factory(memory="6GiB", machine=machine, config={"zero_optimization": {"stage": 0}},
+                          autotuning={"max_train_batch_size": 1024, "max_train_micro_batch_size_per_gpu": 512})
+    result = tuner.tune()
+    # Candidates are powers of two up to 512; 64 is the largest that fits (1000 + 50 * 64 MiB).
+    # From the first guess (16) the memory fit jumps straight there: no doubling, no OOM.
+    phase1 = [t.spec.micro_batch for t in result.trials[:2]]
+    assert phase1 == [16, 64]
+    assert not any(t.state is TrialState.OOM for t in result.trials)
+
+
+def test_fastest_config_wins(tuner_factory):
+    result = tuner_factory(memory="6GiB").tune()
+    assert result.best.name == "z2_mb32_gas1"
+    assert result.best_config["zero_optimization"]["stage"] == 2
+    assert result.best_config["gradient_accumulation_steps"] == 1
+
+
+def test_latency_is_minimised(tuner_factory):
+    result = tuner_factory(memory="6GiB", autotuning={"metric": "latency"}).tune()
+    assert result.best.name == "z2_mb32_gas1"
+    slowest = max((t for t in result.trials if t.state is TrialState.OK), key=lambda t: t.metric("latency"))
+    assert result.best.metric("latency") < slowest.metric("latency")
+
+
+def test_gradient_accumulation_keeps_the_global_batch(tuner_factory):
+    result = tuner_factory(memory="6GiB").tune()
+    for t in result.trials:
+        assert t.spec.micro_batch * t.spec.grad_accum * 2 == 64
+
+
+def test_within_noise_prefers_memory_headroom(tuner_factory):
+    machine = FakeMachine(speed={1: 1.006, 2: 1.0}, rel_ci=0.01)
+    result = tuner_factory(machine=machine, config={"zero_optimization": {"stage": [1, 2]},
+                                                    "train_micro_batch_size_per_gpu": 8}).tune()
+    fastest = max(result.trials, key=lambda t: t.metric("throughput"))
+    assert fastest.spec.stage == 1
+    assert result.best.spec.stage == 2  # lower peak memory
+    assert any("memory headroom" in n for n in result.notes)
+
+
+def test_clear_winner_is_not_overridden_by_headroom(tuner_factory):
+    machine = FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)
+    result = tuner_factory(machine=machine, config={"zero_optimization": {"stage": [1, 2]},
+                                                    "train_micro_batch_size_per_gpu": 8}).tune()
+    assert result.best.spec.stage == 1
+
+
+def test_user_offload_rules_out_lower_stages(tuner_factory):
+    tuner = tuner_factory(config={"zero_optimization": {"stage": "all", "offload_param": {"device": "cpu"}}})
+    result = tuner.tune()
+    pruned = [t for t in result.trials if t.state is TrialState.PRUNED]
+    assert {t.spec.stage for t in pruned} == {0, 1, 2}
+    assert all("stage 3" in t.reason for t in pruned)
+    assert {j.spec.stage for j in tuner.launcher.jobs} == {3}
+    assert result.best_config["zero_optimization"]["offload_param"] == {"device": "cpu"}
+
+
+def test_first_guess_oom_goes_lower(tuner_factory):
+    machine = FakeMachine(static={0: 1000 * 1024**2}, per_sample=400 * 1024**2)
+    result = tuner_factory(memory="3GiB", machine=machine, config={"zero_optimization": {"stage": 0}}).tune()
+    assert result.best.spec.micro_batch == 4  # 1000 + 400*4 = 2600 MiB <= 3072; 8 does not fit
+
+
+def test_crashing_stage_does_not_stop_the_tuning(tuner_factory):
+    machine = FakeMachine(crash={"z1_mb16_gas2"})
+    result = tuner_factory(machine=machine, memory="6GiB").tune()
+    assert any(t.state is TrialState.CRASHED for t in result.trials)
+    assert any("stage 1" in n and "crashed" in n for n in result.notes)
+    assert result.best is not None
+
+
+def test_nothing_fits_is_a_clear_error_and_keeps_trials(tuner_factory, tmp_path):
+    with pytest.raises(NoFeasibleConfigError, match="no configuration ran successfully"):
+        tuner_factory(memory="1GiB").tune()
+    assert list((tmp_path / "results").glob("*/result.json"))
+
+
+def test_trial_cap(tuner_factory):
+    tuner = tuner_factory(autotuning={"tuner_num_trials": 2})
+    result = tuner.tune()
+    assert len(tuner.launcher.jobs) == 2
+    assert any("tuner_num_trials=2" in n for n in result.notes)
+
+
+def test_fixed_micro_batch_list_is_respected(tuner_factory):
+    tuner = tuner_factory(config={"train_micro_batch_size_per_gpu": [4, 8]})
+    tuner.tune()
+    assert {j.spec.micro_batch for j in tuner.launcher.jobs} <= {4, 8}
+
+
+def test_stages_that_cannot_win_get_no_more_trials(tuner_factory):
+    machine = FakeMachine(speed={0: 0.5, 1: 1.0, 2: 0.5, 3: 0.5})
+    tuner = tuner_factory(machine=machine, memory="16GiB")
+    result = tuner.tune()
+    per_stage = Counter(j.spec.stage for j in tuner.launcher.jobs)
+    assert per_stage[1] == 2  # 32, then 16 is clearly slower: smaller ones are not tried
+    assert per_stage[3] == 1 and per_stage[2] == 1
+    assert any("cannot win" in n for n in result.notes)

@@ -1,0 +1,112 @@
+"""The tuning loop with the fake launcher: outputs, resume, interruption, events, the API."""
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from fakes import FakeLauncher
+from zerotune import Autotuner, load_results
+from zerotune.trial import TrialState
+
+
+def test_outputs(tuner_factory, tmp_path):
+    tuner = tuner_factory(memory="6GiB")
+    result = tuner.tune()
+    root = tmp_path / "results"
+    optimal = json.loads((root / "ds_config_optimal.json").read_text())
+    assert "autotuning" not in optimal
+    assert optimal["zero_optimization"]["stage"] == result.best.spec.stage
+    assert optimal["train_micro_batch_size_per_gpu"] == result.best.spec.micro_batch
+    assert optimal["train_batch_size"] == 64
+    assert (root / "ds_config_optimal.json").read_text().startswith("{\n  ")  # indented
+    cmd = (root / "cmd_optimal.txt").read_text()
+    assert "base64" not in cmd and "hostfile" not in cmd
+    words = shlex.split(cmd)
+    assert words[words.index("--deepspeed_config") + 1] == str((root / "ds_config_optimal.json").resolve())
+    summary = (root / "summary.txt").read_text()
+    assert f"best: {result.best.name}" in summary and "why not chosen" in summary
+    for t in result.trials:
+        if t.state is not TrialState.PRUNED:
+            assert (root / t.name / "ds_config.json").exists() and (root / t.name / "result.json").exists()
+
+
+def test_command_is_quoted_for_the_shell(tmp_path, make_config, gpu_node):
+    script = tmp_path / "my dir" / "train $x.py"
+    script.parent.mkdir()
+    script.write_text("# local_rank\n")
+    cfg = make_config()
+    tuner = Autotuner([str(script), "--deepspeed_config", str(cfg), "--name", "a b;c"], num_gpus=2,
+                      memory_per_device="6GiB", results_dir=tmp_path / "r", launcher=FakeLauncher(), node=gpu_node)
+    tuner.tune()
+    words = shlex.split((tmp_path / "r" / "cmd_optimal.txt").read_text())
+    assert str(script) in words and "a b;c" in words
+
+
+def test_rerun_resumes_without_relaunching(tuner_factory):
+    first = tuner_factory(memory="6GiB")
+    r1 = first.tune()
+    second = tuner_factory(memory="6GiB")
+    r2 = second.tune()
+    assert second.launcher.jobs == []
+    assert r2.best.name == r1.best.name and len(r2.trials) == len(r1.trials)
+    assert {e.kind for e in second.events} >= {"reused"}
+
+
+def test_overwrite_starts_fresh(tuner_factory):
+    tuner_factory(memory="6GiB").tune()
+    again = tuner_factory(memory="6GiB", autotuning={"overwrite": True})
+    again.tune()
+    assert again.launcher.jobs
+
+
+def test_changed_inputs_are_not_reused(tuner_factory):
+    tuner_factory(memory="6GiB").tune()
+    other = tuner_factory(memory="7GiB")  # another budget: earlier trials do not count
+    other.tune()
+    assert other.launcher.jobs
+
+
+def test_interrupt_keeps_finished_trials_and_rerun_resumes(tuner_factory, tmp_path):
+    full = tuner_factory(memory="6GiB", results_dir=tmp_path / "full")
+    full.tune()
+    total = len(full.launcher.jobs)
+    interrupted = tuner_factory(memory="6GiB", launcher=FakeLauncher(interrupt_at=3))
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.tune()
+    assert interrupted.launcher.closed
+    assert json.loads((tmp_path / "results" / "tuning.json").read_text())["state"] == "interrupted"
+    assert len(list((tmp_path / "results").glob("*/result.json"))) == 3
+    resumed = tuner_factory(memory="6GiB")
+    resumed.tune()
+    assert len(resumed.launcher.jobs) == total - 3
+
+
+def test_events_reach_the_caller(tuner_factory):
+    tuner = tuner_factory(memory="6GiB")
+    tuner.tune()
+    kinds = [e.kind for e in tuner.events]
+    assert kinds.count("started") == kinds.count("finished") == len(tuner.launcher.jobs)
+    assert "best" in kinds
+
+
+def test_load_results_reads_a_finished_run(tuner_factory, tmp_path):
+    result = tuner_factory(memory="6GiB").tune()
+    loaded = load_results(tmp_path / "results")
+    assert loaded.best.name == result.best.name
+    assert loaded.best_config == result.best_config
+    assert loaded.why_lost(loaded.best) == "chosen"
+
+
+def test_write_optimal_config(tuner_factory, tmp_path):
+    tuner = tuner_factory(memory="6GiB")
+    tuner.tune()
+    path = tuner.write_optimal_config(tmp_path / "best.json")
+    assert json.loads(path.read_text()) == tuner.result.best_config
+
+
+def test_import_is_lazy():
+    code = "import sys, zerotune, zerotune.cli; print(any(m in sys.modules for m in ('torch', 'deepspeed', 'lightning')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
