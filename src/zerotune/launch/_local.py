@@ -80,7 +80,7 @@ class LocalLauncher(Launcher):
         self._running: ProcessGroup | None = None
 
     def run(self, job: TrialJob) -> TrialResult:
-        d = job.trial_dir
+        d = job.trial_dir.resolve()
         for stale in d.glob("rank*.*"):
             stale.unlink()
         probe = {"mode": "measure", "script": job.script, "args": job.script_args,

@@ -11,8 +11,8 @@ def current_rss() -> int:
 
 
 def peak_rss() -> int:
-    # ru_maxrss is in KiB on Linux and is the kernel's own high-water mark, so no peak is missed.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # ru_maxrss (KiB on Linux) is the kernel's own high-water mark, so no peak between readings is missed.
+    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, current_rss())
 
 
 class MemoryReader:

@@ -1,0 +1,136 @@
+"""The in-process probe with fakes: GPU memory readings, OOM classification, stop decisions."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from zerotune.probe._memory import MemoryReader, is_oom_error
+from zerotune.probe._stats import is_stable, summarize
+
+
+class FakeCuda:
+    def __init__(self):
+        self.allocated, self.max_allocated, self.max_reserved = 100, 300, 400
+
+    def memory_allocated(self):
+        return self.allocated
+
+    def max_memory_allocated(self):
+        return self.max_allocated
+
+    def max_memory_reserved(self):
+        return self.max_reserved
+
+
+def test_cuda_memory_reads_reserved_peak():
+    torch = SimpleNamespace(cuda=FakeCuda())
+    reader = MemoryReader("cuda", torch)
+    assert reader.kind == "cuda"
+    assert (reader.current(), reader.peak(), reader.peak_allocated()) == (100, 400, 300)
+
+
+def test_cpu_memory_reads_rss():
+    reader = MemoryReader("cpu")
+    current = reader.current()
+    assert reader.kind == "cpu-rss" and reader.peak() >= current > 10 * 1024**2
+
+
+class OutOfMemoryError(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("exc, oom", [
+    (OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"), True),
+    (MemoryError(), True),
+    (RuntimeError("NCCL error: unhandled system error"), False),
+    (ValueError("out of memory"), False),
+])
+def test_oom_classification(exc, oom):
+    assert is_oom_error(exc) is oom
+
+
+def test_statistics():
+    mean, std, ci = summarize([1.0, 1.0, 1.0, 1.0])
+    assert (mean, std, ci) == (1.0, 0.0, 0.0)
+    assert is_stable([1.0, 1.01, 0.99, 1.0, 1.0], min_steps=5, rel_ci=0.03)
+    assert not is_stable([1.0, 1.01, 0.99], min_steps=5, rel_ci=0.03)
+    assert not is_stable([1.0, 2.0, 0.5, 1.5, 1.0], min_steps=5, rel_ci=0.03)
+
+
+class FakeEngine:
+    device = SimpleNamespace(type="cpu")
+
+    def __init__(self, stage=2, mb=4, gas=1):
+        self.stage, self.mb, self.gas = stage, mb, gas
+        self.module = SimpleNamespace(parameters=lambda: [])
+
+    def zero_optimization_stage(self):
+        return self.stage
+
+    def train_micro_batch_size_per_gpu(self):
+        return self.mb
+
+    def gradient_accumulation_steps(self):
+        return self.gas
+
+    def train_batch_size(self):
+        return self.mb * self.gas * 2
+
+
+class Exited(Exception):
+    pass
+
+
+@pytest.fixture
+def probe_factory(tmp_path, monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    from zerotune.probe import _hooks
+
+    def fake_exit(code):
+        raise Exited(code)
+
+    monkeypatch.setattr(_hooks.os, "_exit", fake_exit)
+
+    def make(step_times, **spec):
+        clock = iter(step_times)
+        monkeypatch.setattr(_hooks.time, "perf_counter", lambda: next(clock))
+        spec = {"out_dir": str(tmp_path), "warmup_steps": 2, "min_steps": 3, "max_steps": 50, "max_seconds": 1e9,
+                "rel_ci": 0.03, "budget": None, "expect": {"stage": 2, "micro_batch": 4, "grad_accum": 1},
+                "profile_flops": False, **spec}
+        return _hooks.StepProbe(spec, rank=0)
+    return make
+
+
+def drive(probe, engine, steps):
+    import torch
+
+    for _ in range(steps):
+        probe.before_forward(engine, (torch.zeros(4, 16, dtype=torch.long),), {})
+        probe.after_step(engine)
+
+
+def test_stops_once_stable(probe_factory, tmp_path):
+    times = [0.0] + [float(i) for i in range(0, 100)]  # start, then one step per second
+    probe = probe_factory(times)
+    with pytest.raises(Exited) as ex:
+        drive(probe, FakeEngine(), 100)
+    assert ex.value.args[0] == 0
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert out["state"] == "ok" and len(out["intervals"]) == 3 and out["tokens_per_sample"] == 16
+    assert out["samples_per_step"] == 8 and out["observed_batch"] == 4
+
+
+def test_wrong_config_is_reported(probe_factory, tmp_path):
+    probe = probe_factory([0.0] + [float(i) for i in range(10)])
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(stage=1), 5)
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert out["state"] == "crashed" and "stage 1 instead of 2" in out["reason"]
+
+
+def test_over_budget_stops_as_oom(probe_factory, tmp_path):
+    probe = probe_factory([0.0] + [float(i) for i in range(10)], budget=1024)
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), 5)
+    assert json.loads((tmp_path / "rank0.json").read_text())["state"] == "oom"
