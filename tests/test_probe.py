@@ -134,3 +134,22 @@ def test_over_budget_stops_as_oom(probe_factory, tmp_path):
     with pytest.raises(Exited):
         drive(probe, FakeEngine(), 5)
     assert json.loads((tmp_path / "rank0.json").read_text())["state"] == "oom"
+
+
+def test_stops_early_when_it_cannot_beat_the_best(probe_factory, tmp_path):
+    noisy = [0.0, 0.0, 1.0, 2.0, 3.1, 4.0, 5.2, 6.1, 7.3, 8.0, 9.4, 10.1]  # too noisy to be "stable" soon
+    probe = probe_factory(noisy + [float(i) for i in range(12, 100)], rel_ci=0.001,
+                          to_beat={"metric": "throughput", "value": 100.0})
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), 100)
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert out["early_stop"] and len(out["intervals"]) == 3  # 8 samples/step at ~1 s/step never beats 100/s
+
+
+def test_no_early_stop_for_a_contender(probe_factory, tmp_path):
+    noisy = [0.0, 0.0, 1.0, 2.0, 3.1, 4.0, 5.2, 6.1, 7.3, 8.0, 9.4, 10.1, 11.0, 12.3, 13.0]
+    probe = probe_factory(noisy, rel_ci=0.001, max_steps=10, to_beat={"metric": "throughput", "value": 7.0})
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), 100)
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert not out["early_stop"] and len(out["intervals"]) == 10

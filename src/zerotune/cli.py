@@ -86,6 +86,18 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
     if not command:
         print(f"zerotune: error: no training script given\nusage: {USAGE}", file=sys.stderr)
         return 2
+    import signal
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt  # unwinds through tune(), which ends the running trial's processes
+
+    signal.signal(signal.SIGTERM, terminate)
+    if not 0 < args.precision < 1:
+        print("zerotune: error: --precision must be a fraction between 0 and 1, e.g. 0.03", file=sys.stderr)
+        return 2
+    if args.trial_timeout <= 0:
+        print("zerotune: error: --trial-timeout must be a positive number of seconds", file=sys.stderr)
+        return 2
     printer = ProgressPrinter(quiet=args.quiet)
     tuner = Autotuner(command, num_gpus=args.num_gpus, num_nodes=args.num_nodes,
                       memory_per_device=args.memory_per_device, results_dir=args.results_dir,

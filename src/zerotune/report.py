@@ -1,7 +1,6 @@
 """Outputs of a tuning: summary.txt, ds_config_optimal.json, cmd_optimal.txt; and the real run."""
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -83,11 +82,20 @@ def summary_text(result: TuningResult) -> str:
     lines.append(f"trials: {len(result.trials)} ({result.launched} run now), tuning time {result.wall_time:.0f} s")
     lines += [f"note: {n}" for n in result.notes]
     lines.append("")
-    lines.append("trial".ljust(24) + "state".ljust(9) + "metric".ljust(30) + "peak/rank".ljust(12) + "why not chosen")
+    lines.append("trial".ljust(24) + "state".ljust(9) + "metric".ljust(30) + "steps".ljust(16) + "peak/rank".ljust(12)
+                 + "why not chosen")
     for t in result.trials:
         lines.append(t.name.ljust(24) + t.state.value.ljust(9) + fmt_metric(result.metric, t).ljust(30)
-                     + format_size(t.max_peak).ljust(12) + result.why_lost(t))
+                     + _steps(t).ljust(16) + format_size(t.max_peak).ljust(12) + result.why_lost(t))
     return "\n".join(lines) + "\n"
+
+
+def _steps(t) -> str:
+    m = t.measurement
+    if m is None:
+        return "-"
+    flag = " stopped early" if m.early_stop else ("" if m.stable else " capped")
+    return f"{m.steps_measured}{flag}"
 
 
 def write_outputs(tuner: "Autotuner") -> None:
@@ -126,7 +134,3 @@ def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str
         group.kill()
     sys.stdout.flush()
     return group.proc.returncode or 0
-
-
-def result_json(result: TuningResult) -> str:
-    return json.dumps({"best": result.best.to_dict() if result.best else None, "notes": result.notes}, indent=2)

@@ -57,6 +57,8 @@ class Measurement:
     flops_per_step: float | None = None
     """Model FLOPs of one optimizer step on one rank (DeepSpeed's flops profiler), or None."""
     flops_note: str = ""
+    early_stop: bool = False
+    """Measuring stopped once the trial clearly could not beat the best so far."""
 
     @property
     def throughput(self) -> float:
@@ -119,10 +121,12 @@ class TrialResult:
              "measurement": asdict(self.measurement) if self.measurement else None,
              "peak_memory": self.peak_memory, "static_memory": self.static_memory, "memory_kind": self.memory_kind,
              "num_params": self.num_params, "wall_time": self.wall_time, "budget": self.budget}
-        if self.measurement:
-            d["throughput"] = self.measurement.throughput
-            d["throughput_ci95"] = self.measurement.throughput_ci95
-            d["flops"] = self.measurement.flops
+        m = self.measurement
+        if m:
+            d.update({"throughput": m.throughput, "throughput_ci95": m.throughput_ci95,
+                      "latency": m.step_time_mean, "latency_ci95": m.step_time_ci95,
+                      "tokens_per_second": m.throughput * m.tokens_per_sample if m.tokens_per_sample else None,
+                      "flops": m.flops if m.flops is not None else "unavailable: " + (m.flops_note or "not measured")})
         return d
 
     @classmethod

@@ -83,7 +83,7 @@ class Autotuner:
                  results_dir: str | Path | None = None, searcher: Searcher | None = None,
                  time_budget: float | str | None = None, launcher: Launcher | None = None,
                  on_event: Callable[[TuningEvent], None] | None = None, trial_timeout: float = 600.0,
-                 precision: float = 0.03, max_measure_seconds: float = 30.0, overwrite: bool | None = None,
+                 precision: float = 0.03, max_measure_seconds: float = 20.0, overwrite: bool | None = None,
                  node: hardware.Node | None = None):
         self.command = UserCommand.parse(command)
         source = ds_config if ds_config is not None else self.command.config_path()
@@ -111,6 +111,13 @@ class Autotuner:
         self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16"))
         self.searcher = searcher or self._default_searcher()
         self.result: TuningResult | None = None
+        self.notes: list[str] = []
+        if not at.fast:
+            self.notes.append("fast: false: this version tunes the ZeRO stage and micro-batch only "
+                              "(ZeRO bucket and prefetch knobs are not searched yet)")
+        if at.tuner_type != "gridsearch":
+            self.notes.append(f"tuner_type {at.tuner_type}: the stage and micro-batch search is the same for "
+                              "every tuner_type in this version")
 
     # -- set-up --------------------------------------------------------------------------------
     def _budget(self, memory_per_device: int | str | None) -> int:
@@ -178,7 +185,11 @@ class Autotuner:
                             self._note(f"stopped at the time budget of {self.time_budget:.0f} s")
                             break
                         self._emit("started", len(trials), spec)
-                        result = self.launcher.run(self._job(store, spec, cfg))
+                        job = self._job(store, spec, cfg)
+                        if choice := choose_best(trials, at.metric):
+                            if at.metric in ("throughput", "latency"):
+                                job.to_beat = {"metric": at.metric, "value": choice.best.metric(at.metric)}
+                        result = self.launcher.run(job)
                         launched += 1
                         store.save(result, key)
                         self._emit("finished", len(trials), spec, result)
@@ -194,7 +205,8 @@ class Autotuner:
             raise
         wall = time.monotonic() - start
         choice = choose_best(trials, at.metric)
-        notes = list(getattr(self.searcher, "notes", [])) + ([choice.note] if choice and choice.note else [])
+        notes = self.notes + list(getattr(self.searcher, "notes", [])) + ([choice.note] if choice and choice.note
+                                                                           else [])
         best_config = trial_config(self.request.base_config, choice.best.spec, self.dp) if choice else None
         self.result = TuningResult(metric=at.metric, trials=trials, best=choice.best if choice else None,
                                    best_config=best_config, results_dir=self.results_dir, notes=notes,
@@ -218,10 +230,14 @@ class Autotuner:
         at = self.request.autotuning
         job = TrialJob(spec=spec, trial_dir=d, ds_config=cfg, script=self.command.script, script_args=args,
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
-                       warmup_steps=at.start_profile_step,
+                       warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),
                        max_seconds=self.max_measure_seconds, rel_ci=self.precision, timeout=self.trial_timeout)
-        write_json(d / "exp.json", {"name": spec.name, **spec.to_dict(), "ds_config": cfg})
+        exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
+        write_json(d / "exp.json", exp)
+        if "exps_dir" in at.model_fields_set:  # DeepSpeed's layout, when the user asked for it
+            Path(at.exps_dir).mkdir(parents=True, exist_ok=True)
+            write_json(Path(at.exps_dir) / f"{spec.name}.json", exp)
         return job
 
     def _mapped(self, spec: TrialSpec) -> dict[str, str]:

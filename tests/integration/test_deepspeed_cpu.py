@@ -108,3 +108,28 @@ def test_crash_and_timeout_are_classified_and_leave_no_process(tmp_path):
     assert tuner.result.trials[0].state is TrialState.TIMEOUT
     time.sleep(0.5)
     assert trial_processes(tmp_path / "r2") == []
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_tuner_exit_leaves_no_trial_process(tmp_path, sig):
+    import signal
+
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    res = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "zerotune.cli", "tune", "--num-gpus", "2", "--results-dir",
+                             str(res), str(hang), "--deepspeed_config",
+                             str(config(tmp_path, zero_optimization={"stage": 1}))],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(trial_processes(res.resolve())) < 3 and time.monotonic() < deadline:  # launcher + 2 ranks
+        time.sleep(0.2)
+    assert len(trial_processes(res.resolve())) >= 3
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while trial_processes(res.resolve()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert trial_processes(res.resolve()) == []
+    if sig == "SIGTERM":
+        assert proc.returncode == 130 and "Rerun the same command to resume" in err

@@ -29,6 +29,9 @@ class TrialJob:
     max_seconds: float = 30.0
     rel_ci: float = 0.03
     timeout: float = 600.0
+    to_beat: dict[str, Any] | None = None
+    """{"metric": "throughput"|"latency", "value": v}: the trial may stop measuring as soon as
+    it clearly cannot beat v (the best so far)."""
     env: dict[str, str] = field(default_factory=dict)
 
 

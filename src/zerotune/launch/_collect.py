@@ -92,7 +92,7 @@ def collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | N
         step_time_ci95=ci if ci != float("inf") else mean, steps_measured=len(intervals),
         stable=is_stable(intervals, min_steps=min_steps, rel_ci=rel_ci),
         tokens_per_sample=rank0.get("tokens_per_sample"), flops_per_step=rank0.get("flops_per_step"),
-        flops_note=rank0.get("flops_note") or "")
+        flops_note=rank0.get("flops_note") or "", early_stop=bool(rank0.get("early_stop")))
     if budget and result.max_peak and result.max_peak > budget:
         result.state, result.reason = TrialState.OOM, f"peak memory {result.max_peak} bytes above the budget"
         return result

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from .._proc import die_with_parent
 from ..probe._hooks import write_json_atomic
 from ..trial import TrialResult
 from ._base import Launcher, TrialJob
@@ -51,7 +52,8 @@ class ProcessGroup:
         """``log`` None: the child writes to this process's stdout and stderr."""
         self._log = open(log, "ab") if log is not None else None
         self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT if log else None,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd,
+                                     preexec_fn=die_with_parent)
 
     def kill(self, grace: float = 3.0) -> None:
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
@@ -86,7 +88,7 @@ class LocalLauncher(Launcher):
         probe = {"mode": "measure", "script": job.script, "args": job.script_args,
                  "local_rank_arg": job.local_rank_arg, "out_dir": str(d), "budget": job.budget,
                  "warmup_steps": job.warmup_steps, "min_steps": job.min_steps, "max_steps": job.max_steps,
-                 "max_seconds": job.max_seconds, "rel_ci": job.rel_ci,
+                 "max_seconds": job.max_seconds, "rel_ci": job.rel_ci, "to_beat": job.to_beat,
                  "expect": {"stage": job.spec.stage, "micro_batch": job.spec.micro_batch,
                             "grad_accum": job.spec.grad_accum}}
         write_json_atomic(d / "probe.json", probe)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ._memory import MemoryReader
-from ._stats import is_stable
+from ._stats import is_stable, summarize
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -49,6 +49,7 @@ class StepProbe:
         self.fwd_flops: float | None = None
         self.flops_note = "not profiled"
         self.forwards = 0
+        self.early_stop = False
         self.memory: MemoryReader | None = None
         self.engine = None
         self.start = time.perf_counter()
@@ -101,8 +102,25 @@ class StepProbe:
         iv = self.intervals()
         if is_stable(iv, min_steps=self.spec["min_steps"], rel_ci=self.spec["rel_ci"]):
             return True
+        if self._cannot_win(iv):
+            self.early_stop = True
+            return True
         measuring = self.times[-1] - self.times[min(len(self.times), max(1, self.spec["warmup_steps"])) - 1]
         return len(iv) >= self.spec["max_steps"] or (len(iv) >= 2 and measuring >= self.spec["max_seconds"])
+
+    def _cannot_win(self, iv: list[float]) -> bool:
+        """Even the optimistic end of the 95% interval loses to the best trial so far: more
+        steps would only make a losing estimate more precise."""
+        target = self.spec.get("to_beat")
+        if not target or len(iv) < max(2, self.spec["min_steps"]) or self.engine is None:
+            return False
+        mean, _, ci = summarize(iv)
+        if target["metric"] == "throughput":
+            fastest = mean - ci
+            return fastest > 0 and self.engine.train_batch_size() / fastest < target["value"]
+        if target["metric"] == "latency":
+            return mean - ci > target["value"]
+        return False
 
     def _over_budget(self) -> bool:
         budget = self.spec.get("budget")
@@ -137,7 +155,7 @@ class StepProbe:
             samples_per_step = engine.train_batch_size()
             gas = engine.gradient_accumulation_steps()
         return {
-            "rank": self.rank, "state": state, "reason": reason,
+            "rank": self.rank, "state": state, "reason": reason, "early_stop": self.early_stop,
             "times": self.times, "intervals": self.intervals(), "warmup_steps": self.spec["warmup_steps"],
             "samples_per_step": samples_per_step, "tokens_per_sample": self.tokens_per_sample,
             "observed_batch": self.observed_batch, "note": getattr(self, "batch_note", ""),

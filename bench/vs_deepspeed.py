@@ -1,0 +1,156 @@
+"""zerotune vs DeepSpeed's own autotuner, side by side in one run, on the bundled example (CPU).
+
+Both tune the same space (all ZeRO stages, fast mode, the same micro-batch bounds and global
+batch) one after the other. Then each chosen config is re-measured independently, interleaved
+(A, B, A, B, ...), with the same end-to-end step timing, and the median is reported.
+
+    DS_ACCELERATOR=cpu python bench/vs_deepspeed.py [--model small] [--reps 3]
+
+Last line: vs_deepspeed: time_ratio=<zerotune/deepspeed> throughput_ratio=<zerotune/deepspeed> trials=<z>/<d>
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def tuning_config(out: Path, model_cfg: Path) -> dict:
+    cfg = json.loads(model_cfg.read_text())
+    cfg["autotuning"].update({"results_dir": str(out / "ds_results"), "exps_dir": str(out / "ds_exps"),
+                              "fast": True})
+    cfg["zero_optimization"]["stage"] = "all"
+    return cfg
+
+
+def jit_ops() -> dict[str, float]:
+    """DeepSpeed's JIT-built ops and their times: a build inside a timed run is reported."""
+    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", Path.home() / ".cache" / "torch_extensions"))
+    return {str(p): p.stat().st_mtime for p in cache.glob("*/*/*.so")}
+
+
+def run_timed(cmd: list[str], env: dict, log: Path) -> float:
+    before = jit_ops()
+    start = time.monotonic()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        sys.exit(f"{cmd[0]} failed (status {proc.returncode}); see {log}")
+    wall = time.monotonic() - start
+    rebuilt = [Path(k).name for k, v in jit_ops().items() if before.get(k) != v]
+    if rebuilt:
+        print(f"  warning: DeepSpeed rebuilt {rebuilt} during this run; its time includes the build", flush=True)
+    return wall
+
+
+def warm_up(out: Path, args, env) -> None:
+    """One short untimed run, so that JIT-built ops exist before either tuner is timed."""
+    cfg = out / "warmup.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
+                               "zero_optimization": {"stage": 1}}))
+    subprocess.run([str(BIN / "deepspeed"), "--num_gpus", str(args.num_gpus), str(ROOT / "examples" / "gpt.py"),
+                    "--model", "tiny", "--steps", "2", "--deepspeed_config", str(cfg)], env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+
+
+def deepspeed_autotuner(out: Path, args, env) -> tuple[float, int, dict]:
+    cfg_path = out / "ds_autotune.json"
+    cfg_path.write_text(json.dumps(tuning_config(out, ROOT / "examples" / "ds_config.json"), indent=2))
+    cmd = [str(BIN / "deepspeed"), "--autotuning", "tune", "--num_gpus", str(args.num_gpus),
+           str(ROOT / "examples" / "gpt.py"), "--model", args.model, "--deepspeed", "--deepspeed_config", str(cfg_path)]
+    wall = run_timed(cmd, {**env, "LOCAL_SIZE": str(args.num_gpus)}, out / "deepspeed.log")
+    results = out / "ds_results"
+    trials = sum(1 for d in results.iterdir() if (d / "exp.json").exists())
+    best = json.loads((results / "ds_config_optimal.json").read_text())
+    best.pop("autotuning", None)
+    return wall, trials, best
+
+
+def zerotune_tune(out: Path, args, env) -> tuple[float, int, dict]:
+    cfg_path = out / "zt_autotune.json"
+    cfg = tuning_config(out, ROOT / "examples" / "ds_config.json")
+    cfg["autotuning"].pop("results_dir"), cfg["autotuning"].pop("exps_dir")
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    res = out / "zt_results"
+    cmd = [str(BIN / "zerotune"), "tune", "--num-gpus", str(args.num_gpus), "--results-dir", str(res), "--overwrite",
+           "--quiet", str(ROOT / "examples" / "gpt.py"), "--model", args.model, "--deepspeed_config", str(cfg_path)]
+    wall = run_timed(cmd, env, out / "zerotune.log")
+    results = json.loads((res / "results.json").read_text())
+    trials = sum(1 for t in results["trials"] if t["state"] != "pruned")
+    return wall, trials, json.loads((res / "ds_config_optimal.json").read_text())
+
+
+def describe(cfg: dict) -> str:
+    return (f"stage {cfg['zero_optimization']['stage']}, micro-batch {cfg['train_micro_batch_size_per_gpu']}, "
+            f"grad_accum {cfg.get('gradient_accumulation_steps', 1)}")
+
+
+def measure(cfg: dict, name: str, out: Path, args) -> float:
+    """One independent end-to-end measurement of ``cfg``: a fresh trial, zerotune's probe."""
+    from zerotune.launch import LocalLauncher, TrialJob
+    from zerotune.trial import TrialSpec, TrialState
+
+    d = out / "remeasure" / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    (d / "ds_config.json").write_text(json.dumps(cfg))
+    spec = TrialSpec(stage=cfg["zero_optimization"]["stage"], micro_batch=cfg["train_micro_batch_size_per_gpu"],
+                     grad_accum=cfg.get("gradient_accumulation_steps", 1))
+    job = TrialJob(spec=spec, trial_dir=d, ds_config=cfg, script=str(ROOT / "examples" / "gpt.py"),
+                   script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
+                   local_rank_arg=True, num_gpus=args.num_gpus, budget=None, warmup_steps=3, min_steps=5,
+                   max_seconds=30.0, rel_ci=0.02, timeout=600)
+    result = LocalLauncher(device="cpu").run(job)
+    if result.state is not TrialState.OK:
+        sys.exit(f"re-measuring {name} failed: {result.state.value} {result.reason}")
+    return result.measurement.throughput
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="small", choices=["tiny", "small", "medium"])
+    p.add_argument("--num-gpus", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "vs_deepspeed"))
+    args = p.parse_args()
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+           "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // args.num_gpus))}
+
+    print(f"model={args.model} processes={args.num_gpus} space: all stages, fast mode, micro-batch "
+          f"{json.loads((ROOT / 'examples' / 'ds_config.json').read_text())['autotuning']}", flush=True)
+    warm_up(out, args, env)
+    d_time, d_trials, d_best = deepspeed_autotuner(out, args, env)
+    print(f"deepspeed autotuner: {d_trials} trials, {d_time:.0f} s, chose {describe(d_best)}", flush=True)
+    z_time, z_trials, z_best = zerotune_tune(out, args, env)
+    print(f"zerotune:            {z_trials} trials, {z_time:.0f} s, chose {describe(z_best)}", flush=True)
+
+    runs: dict[str, list[float]] = {"deepspeed": [], "zerotune": []}
+    for rep in range(args.reps):
+        for name, cfg in (("deepspeed", d_best), ("zerotune", z_best)):
+            runs[name].append(measure(cfg, f"{name}{rep}", out, args))
+            print(f"  re-measure {rep + 1}/{args.reps} {name}: {runs[name][-1]:.2f} samples/s", flush=True)
+    d_tp, z_tp = statistics.median(runs["deepspeed"]), statistics.median(runs["zerotune"])
+    print(f"deepspeed: trials={d_trials} time={d_time:.0f}s config=({describe(d_best)}) "
+          f"re-measured={d_tp:.2f} samples/s (median of {args.reps})")
+    print(f"zerotune:  trials={z_trials} time={z_time:.0f}s config=({describe(z_best)}) "
+          f"re-measured={z_tp:.2f} samples/s (median of {args.reps})")
+    print(f"vs_deepspeed: time_ratio={z_time / d_time:.2f} throughput_ratio={z_tp / d_tp:.2f} "
+          f"trials={z_trials}/{d_trials}")
+
+
+if __name__ == "__main__":
+    main()
