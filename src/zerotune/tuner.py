@@ -160,39 +160,14 @@ class Autotuner:
         self.overwrite = False  # a second tune() on this object resumes
         start = time.monotonic()
         trials: list[TrialResult] = []
-        launched = 0
+        self._launched = 0
         best_name = None
         self._write_session(store, "running", [], 0.0)
         try:
             while (suggestion := self.searcher.suggest()) is not None:
-                spec = suggestion.spec
-                if suggestion.prune_reason:
-                    result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=suggestion.prune_reason,
-                                         budget=self.budget)
-                    store.save(result, "pruned")
-                    self._emit("pruned", len(trials), spec, result, suggestion.prune_reason)
-                else:
-                    cfg = trial_config(self.request.base_config, spec, self.dp)
-                    key = self._key(cfg)
-                    result = store.load(spec.name, key)
-                    if result is not None:
-                        self._emit("reused", len(trials), spec, result)
-                    else:
-                        if launched >= at.tuner_num_trials:
-                            self._note(f"stopped after tuner_num_trials={at.tuner_num_trials} trials")
-                            break
-                        if self.time_budget and time.monotonic() - start > self.time_budget:
-                            self._note(f"stopped at the time budget of {self.time_budget:.0f} s")
-                            break
-                        self._emit("started", len(trials), spec)
-                        job = self._job(store, spec, cfg)
-                        if choice := choose_best(trials, at.metric):
-                            if at.metric in ("throughput", "latency"):
-                                job.to_beat = {"metric": at.metric, "value": choice.best.metric(at.metric)}
-                        result = self.launcher.run(job)
-                        launched += 1
-                        store.save(result, key)
-                        self._emit("finished", len(trials), spec, result)
+                result = self._trial(store, suggestion, trials, start)
+                if result is None:
+                    break
                 trials.append(result)
                 self.searcher.observe(result)
                 choice = choose_best(trials, at.metric)
@@ -210,7 +185,7 @@ class Autotuner:
         best_config = trial_config(self.request.base_config, choice.best.spec, self.dp) if choice else None
         self.result = TuningResult(metric=at.metric, trials=trials, best=choice.best if choice else None,
                                    best_config=best_config, results_dir=self.results_dir, notes=notes,
-                                   wall_time=wall, launched=launched)
+                                   wall_time=wall, launched=self._launched)
         self._write_session(store, "finished", trials, wall, notes)
         from .report import write_outputs
 
@@ -222,6 +197,38 @@ class Autotuner:
                 + f". Trial logs are in {self.results_dir}; lower min_train_micro_batch_size_per_gpu, raise "
                   "--memory-per-device, or fix the error shown")
         return self.result
+
+    def _trial(self, store: ResultStore, suggestion, trials: list[TrialResult], start: float) -> TrialResult | None:
+        """The result of one suggestion: pruned, reused from disk, or run now. None: a limit
+        (tuner_num_trials, time budget) stops the search before this trial."""
+        at, spec, index = self.request.autotuning, suggestion.spec, len(trials)
+        if suggestion.prune_reason:
+            result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=suggestion.prune_reason,
+                                 budget=self.budget)
+            store.save(result, "pruned")
+            self._emit("pruned", index, spec, result, suggestion.prune_reason)
+            return result
+        cfg = trial_config(self.request.base_config, spec, self.dp)
+        key = self._key(cfg)
+        if (result := store.load(spec.name, key)) is not None:
+            self._emit("reused", index, spec, result)
+            return result
+        if self._launched >= at.tuner_num_trials:
+            self._note(f"stopped after tuner_num_trials={at.tuner_num_trials} trials")
+            return None
+        if self.time_budget and time.monotonic() - start > self.time_budget:
+            self._note(f"stopped at the time budget of {self.time_budget:.0f} s")
+            return None
+        self._emit("started", index, spec)
+        job = self._job(store, spec, cfg)
+        best = choose_best(trials, at.metric)
+        if best is not None and at.metric in ("throughput", "latency"):
+            job.to_beat = {"metric": at.metric, "value": best.best.metric(at.metric)}
+        result = self.launcher.run(job)
+        self._launched += 1
+        store.save(result, key)
+        self._emit("finished", index, spec, result)
+        return result
 
     def _job(self, store: ResultStore, spec: TrialSpec, cfg: dict[str, Any]) -> TrialJob:
         d = store.trial_dir(spec.name)

@@ -72,7 +72,7 @@ def test_run_tunes_two_stages_then_trains_with_the_result(tmp_path):
 def test_budget_exceeded_on_cpu_is_oom_and_reported(tmp_path):
     tuner = Autotuner([str(GPT), "--model", "tiny", "--deepspeed_config",
                        str(config(tmp_path, zero_optimization={"stage": 2}))],
-                      num_gpus=2, memory_per_device="150MB", results_dir=tmp_path / "r", trial_timeout=120)
+                      num_gpus=2, memory_per_device="150MB", results_dir=tmp_path / "r")
     with pytest.raises(NoFeasibleConfigError, match="oom"):
         tuner.tune()
     result = json.loads((tmp_path / "r" / "z2_mb8_gas2" / "result.json").read_text())["result"]
