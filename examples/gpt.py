@@ -6,6 +6,7 @@ A plain DeepSpeed script, the kind zerotune tunes without changes:
 
 On a machine without GPUs prefix it with ``DS_ACCELERATOR=cpu``. ``--model tiny`` picks a
 ~0.2M-parameter model for fast tests; ``--model small`` (default) has ~12.6M parameters.
+From Python, ``train(ds_config_dict, model="tiny")`` trains in each rank of a launched job.
 """
 import argparse
 import math
@@ -77,6 +78,41 @@ class SyntheticTokens(Dataset):
         return (start + (stride % 7 + 1) * torch.arange(self.seq_len)) % self.vocab
 
 
+def train(ds_config: dict | None = None, *, model: str = "small", steps: int = 200, log_every: int = 10,
+          args: argparse.Namespace | None = None) -> None:
+    """Train the model; the ds_config comes as a dict, or from ``args.deepspeed_config``."""
+    torch.manual_seed(0)
+    vocab, d_model, layers, heads, seq_len = MODELS[model]
+    net = GPT(vocab, d_model, layers, heads, seq_len)
+    engine, _, _, _ = deepspeed.initialize(args=args if ds_config is None else None, model=net,
+                                           model_parameters=net.parameters(), config=ds_config)
+
+    data = SyntheticTokens(vocab, seq_len)
+    sampler = DistributedSampler(data, num_replicas=engine.world_size, rank=engine.global_rank)
+    loader = DataLoader(data, batch_size=engine.train_micro_batch_size_per_gpu(), sampler=sampler)
+    params = sum(p.numel() for p in net.parameters())
+    if engine.global_rank == 0:
+        print(f"model={model} params={params / 1e6:.2f}M micro_batch={engine.train_micro_batch_size_per_gpu()} "
+              f"grad_accum={engine.gradient_accumulation_steps()} zero_stage={engine.zero_optimization_stage()}",
+              flush=True)
+
+    step, micro = 0, 0
+    gas = engine.gradient_accumulation_steps()
+    for epoch in range(math.ceil(steps * gas * loader.batch_size / len(data)) + 1):
+        sampler.set_epoch(epoch)
+        for tokens in loader:
+            loss = engine(tokens.to(engine.device))
+            engine.backward(loss)
+            engine.step()
+            micro += 1
+            if micro % gas == 0:
+                step += 1
+                if engine.global_rank == 0 and step % log_every == 0:
+                    print(f"step {step} loss {loss.item():.4f}", flush=True)
+                if step >= steps:
+                    return
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--local_rank", type=int, default=-1, help="set by the launcher")
@@ -85,35 +121,7 @@ def main():
     parser.add_argument("--log-every", type=int, default=10)
     parser = deepspeed.add_config_arguments(parser)
     args = parser.parse_args()
-
-    torch.manual_seed(0)
-    vocab, d_model, layers, heads, seq_len = MODELS[args.model]
-    model = GPT(vocab, d_model, layers, heads, seq_len)
-    engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
-
-    data = SyntheticTokens(vocab, seq_len)
-    sampler = DistributedSampler(data, num_replicas=engine.world_size, rank=engine.global_rank)
-    loader = DataLoader(data, batch_size=engine.train_micro_batch_size_per_gpu(), sampler=sampler)
-    params = sum(p.numel() for p in model.parameters())
-    if engine.global_rank == 0:
-        print(f"model={args.model} params={params / 1e6:.2f}M micro_batch={engine.train_micro_batch_size_per_gpu()} "
-              f"grad_accum={engine.gradient_accumulation_steps()} zero_stage={engine.zero_optimization_stage()}",
-              flush=True)
-
-    step, micro = 0, 0
-    for epoch in range(math.ceil(args.steps * engine.gradient_accumulation_steps() * loader.batch_size / len(data)) + 1):
-        sampler.set_epoch(epoch)
-        for tokens in loader:
-            loss = engine(tokens.to(engine.device))
-            engine.backward(loss)
-            engine.step()
-            micro += 1
-            if micro % engine.gradient_accumulation_steps() == 0:
-                step += 1
-                if engine.global_rank == 0 and step % args.log_every == 0:
-                    print(f"step {step} loss {loss.item():.4f}", flush=True)
-                if step >= args.steps:
-                    return
+    train(model=args.model, steps=args.steps, log_every=args.log_every, args=args)
 
 
 if __name__ == "__main__":

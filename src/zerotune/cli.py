@@ -101,7 +101,7 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
     printer = ProgressPrinter(quiet=args.quiet)
     tuner = Autotuner(command, num_gpus=args.num_gpus, num_nodes=args.num_nodes,
                       memory_per_device=args.memory_per_device, results_dir=args.results_dir,
-                      time_budget=args.time_budget, trial_timeout=args.trial_timeout, precision=args.precision,
+                      budget=args.time_budget, trial_timeout=args.trial_timeout, precision=args.precision,
                       overwrite=True if args.overwrite else None, on_event=printer)
     try:
         result = tuner.tune()

@@ -14,6 +14,15 @@ CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
 class UserCommand:
     script: str
     args: tuple[str, ...]
+    local_rank: bool | None = None
+    """Pass --local_rank to each rank; None: decide from the script's source."""
+
+    @classmethod
+    def from_callable(cls, fn) -> "UserCommand":
+        """An in-Python entry point ``fn(ds_config: dict)``, run through zerotune's entry script."""
+        from . import entry
+
+        return cls(entry.__file__, tuple(entry.entry_args(fn)), local_rank=False)
 
     @classmethod
     def parse(cls, command: list[str] | tuple[str, ...]) -> "UserCommand":
@@ -64,6 +73,8 @@ class UserCommand:
 
     def takes_local_rank(self) -> bool:
         """Scripts that declare --local_rank (or use HF's TrainingArguments) get it per rank."""
+        if self.local_rank is not None:
+            return self.local_rank
         try:
             text = Path(self.script).read_text(errors="replace")
         except OSError:

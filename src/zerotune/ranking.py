@@ -9,6 +9,9 @@ from .trial import TrialResult, TrialState
 MAXIMIZE = {"throughput": True, "flops": True, "latency": False}
 NOISE_FLOOR = 0.01
 """Relative differences below this are never called real, however tight the intervals."""
+TIE_MARGIN = 0.03
+"""Headroom may win over speed only within this relative difference: a wide interval makes
+many configs statistically tied, but trading a 10% slower estimate for headroom is a bad bet."""
 
 
 def better(metric: str, a: float, b: float) -> bool:
@@ -50,15 +53,18 @@ def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
         return None
     ok.sort(key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric])
     top = ok[0]
-    tied = [r for r in ok if within_noise(metric, r, top)]
+    top_value = abs(top.metric(metric))
+    tied = [r for r in ok if within_noise(metric, r, top)
+            and abs(r.metric(metric) - top.metric(metric)) <= TIE_MARGIN * top_value]
     best = min(tied, key=lambda r: (r.max_peak or 0, ok.index(r)))
-    ties = [r for r in tied if r is not best]
+    ties = [r for r in ok if r is not best and within_noise(metric, r, best)]
     note = ""
     if best is not top:
         note = (f"{best.name} is within noise of the fastest, {top.name} ({fmt_metric(metric, top)} vs "
                 f"{fmt_metric(metric, best)}); chose {best.name} for its memory headroom")
     elif ties:
-        note = f"{len(ties)} other trial(s) within noise of {best.name}: " + ", ".join(r.name for r in ties)
+        note = (f"{len(ties)} other trial(s) within noise of {best.name}: " + ", ".join(r.name for r in ties)
+                + "; the choice between them is not certain")
     return Choice(best, ties, note)
 
 

@@ -24,6 +24,13 @@ class TuningResult:
     launched: int = 0
     """Trials actually run in this invocation (not reused from disk, not pruned)."""
 
+    @property
+    def best_metric(self) -> tuple[float, float] | None:
+        """The best trial's metric and the half-width of its 95% interval."""
+        if self.best is None:
+            return None
+        return self.best.metric(self.metric), self.best.metric_ci(self.metric) or 0.0
+
     def why_lost(self, trial: TrialResult) -> str:
         """One line on why ``trial`` is not the choice."""
         if self.best is None:

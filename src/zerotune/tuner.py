@@ -72,20 +72,24 @@ def invalid_stages(base: dict[str, Any], stages: list[int]) -> dict[int, str]:
 class Autotuner:
     """Finds the fastest DeepSpeed configuration of a training command on this node.
 
-    ``command`` is the user's script and its arguments; ``ds_config`` a dict or a path (default:
-    the ``--deepspeed_config``/``--deepspeed`` value in the command). ``memory_per_device`` is a
+    ``command`` is the user's script and its arguments, or a function ``train(ds_config: dict)``
+    defined at the top level of a .py file (each trial runs it in fresh processes, which call
+    ``deepspeed.initialize(config=ds_config)``). ``ds_config`` is a dict or a path (default: the
+    ``--deepspeed_config``/``--deepspeed`` value in the command). ``memory_per_device`` is a
     budget in bytes or a size such as "16GB" (default: device memory on GPU, RAM / processes on
-    CPU). ``time_budget`` stops launching trials after that many seconds (or "20m").
+    CPU). ``budget`` is wall-clock time: no trial starts after that many seconds (or "20m").
+    ``on_event`` receives a :class:`TuningEvent` for each step of progress; the core never prints.
     """
 
-    def __init__(self, command: list[str], ds_config: str | Path | dict[str, Any] | None = None, *,
+    def __init__(self, command: list[str] | Callable[[dict[str, Any]], Any],
+                 ds_config: str | Path | dict[str, Any] | None = None, *,
                  num_gpus: int | None = None, num_nodes: int = 1, memory_per_device: int | str | None = None,
                  results_dir: str | Path | None = None, searcher: Searcher | None = None,
-                 time_budget: float | str | None = None, launcher: Launcher | None = None,
+                 budget: float | str | None = None, launcher: Launcher | None = None,
                  on_event: Callable[[TuningEvent], None] | None = None, trial_timeout: float = 600.0,
-                 precision: float = 0.03, max_measure_seconds: float = 20.0, overwrite: bool | None = None,
+                 precision: float = 0.03, max_measure_seconds: float = 15.0, overwrite: bool | None = None,
                  node: hardware.Node | None = None):
-        self.command = UserCommand.parse(command)
+        self.command = UserCommand.from_callable(command) if callable(command) else UserCommand.parse(command)
         source = ds_config if ds_config is not None else self.command.config_path()
         if source is None:
             raise ConfigError("no ds_config given; add --deepspeed_config ds.json to the script's arguments")
@@ -104,7 +108,7 @@ class Autotuner:
         self.budget = self._budget(memory_per_device)
         self.results_dir = Path(results_dir or at.results_dir)
         self.overwrite = at.overwrite if overwrite is None else overwrite
-        self.time_budget = parse_duration(time_budget, what="--time-budget") if time_budget else None
+        self.time_budget = parse_duration(budget, what="budget (--time-budget)") if budget else None
         self.launcher = launcher or LocalLauncher(device=self.node.device)
         self.on_event = on_event or (lambda e: None)
         self.trial_timeout, self.precision, self.max_measure_seconds = trial_timeout, precision, max_measure_seconds

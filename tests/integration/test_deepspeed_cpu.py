@@ -133,3 +133,29 @@ def test_tuner_exit_leaves_no_trial_process(tmp_path, sig):
     assert trial_processes(res.resolve()) == []
     if sig == "SIGTERM":
         assert proc.returncode == 130 and "Rerun the same command to resume" in err
+
+
+def test_python_api_with_a_function_entry_point(tmp_path):
+    """From Python, as a notebook would: tune a training function, then train with the result."""
+    (tmp_path / "tiny_job.py").write_text(textwrap.dedent(f"""\
+        import sys
+        sys.path.insert(0, {str(ROOT / "examples")!r})
+        from gpt import train
+
+        def train_tiny(ds_config):
+            train(ds_config, model="tiny", steps=12, log_every=4)
+        """))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import tiny_job
+    finally:
+        sys.path.remove(str(tmp_path))
+    events = []
+    cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zero_optimization": {"stage": 2}, "autotuning": {"start_profile_step": 2}}
+    tuner = Autotuner(tiny_job.train_tiny, cfg, num_gpus=2, results_dir=tmp_path / "r", precision=0.2,
+                      on_event=events.append)
+    result = tuner.tune()
+    assert result.best.state is TrialState.OK and result.best.name == "z2_mb4_gas1"
+    assert [e.kind for e in events if e.kind in ("started", "finished")] == ["started", "finished"]
+    assert tuner.run_after_tuning() == 0
