@@ -10,7 +10,7 @@ SPEC = TrialSpec(stage=2, micro_batch=8, grad_accum=1)
 def rank(d, r, state="ok", reason="", intervals=(0.5, 0.52, 0.49, 0.51, 0.5), peak=1000, **kw):
     data = {"rank": r, "state": state, "reason": reason, "times": [0] * (len(intervals) + 3),
             "intervals": list(intervals), "warmup_steps": 3, "samples_per_step": 16, "tokens_per_sample": 64,
-            "flops_per_step": None, "flops_note": "", "static_memory": 500, "memory_kind": "cpu-rss",
+            "flops_per_step": None, "flops_note": "", "static_memory": 500, "peak_allocated": 900, "memory_kind": "cpu-rss",
             "peak_memory": peak, "num_params": 123, "note": "", **kw}
     (d / f"rank{r}.json").write_text(json.dumps(data))
 
@@ -27,6 +27,7 @@ def test_ok_with_statistics(tmp_path):
     assert r.state is TrialState.OK
     assert abs(r.measurement.throughput - 16 / 0.504) < 1e-6
     assert r.peak_memory == [1000, 1100] and r.measurement.steps_measured == 5 and r.measurement.stable
+    assert r.peak_allocated == [900, 900]
 
 
 def test_word_error_in_normal_output_is_not_a_failure(tmp_path):

@@ -84,6 +84,8 @@ class TrialResult:
     measurement: Measurement | None = None
     peak_memory: list[int] = field(default_factory=list)
     """Per-rank peak memory in bytes: device max reserved on GPU, peak RSS on CPU."""
+    peak_allocated: list[int] = field(default_factory=list)
+    """Per-rank peak of allocated device memory (GPU); equals peak_memory on CPU."""
     static_memory: list[int] = field(default_factory=list)
     """Per-rank memory in use before the first forward (model states after initialize)."""
     memory_kind: str = ""
@@ -119,7 +121,8 @@ class TrialResult:
     def to_dict(self) -> dict[str, Any]:
         d = {"name": self.name, "spec": self.spec.to_dict(), "state": self.state.value, "reason": self.reason,
              "measurement": asdict(self.measurement) if self.measurement else None,
-             "peak_memory": self.peak_memory, "static_memory": self.static_memory, "memory_kind": self.memory_kind,
+             "peak_memory": self.peak_memory, "peak_allocated": self.peak_allocated,
+             "static_memory": self.static_memory, "memory_kind": self.memory_kind,
              "num_params": self.num_params, "wall_time": self.wall_time, "budget": self.budget}
         m = self.measurement
         if m:
@@ -134,5 +137,6 @@ class TrialResult:
         m = d.get("measurement")
         return cls(spec=TrialSpec.from_dict(d["spec"]), state=TrialState(d["state"]), reason=d.get("reason", ""),
                    measurement=Measurement(**m) if m else None, peak_memory=d.get("peak_memory", []),
+                   peak_allocated=d.get("peak_allocated", []),
                    static_memory=d.get("static_memory", []), memory_kind=d.get("memory_kind", ""),
                    num_params=d.get("num_params"), wall_time=d.get("wall_time", 0.0), budget=d.get("budget"))

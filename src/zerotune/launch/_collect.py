@@ -51,6 +51,7 @@ def collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | N
     result = TrialResult(spec=spec, state=TrialState.CRASHED, wall_time=wall_time, budget=budget)
     if present:
         result.peak_memory = [int(r["peak_memory"]) for r in present if r.get("peak_memory") is not None]
+        result.peak_allocated = [int(r["peak_allocated"]) for r in present if r.get("peak_allocated") is not None]
         result.static_memory = [int(r["static_memory"]) for r in present if r.get("static_memory") is not None]
         result.memory_kind = present[0].get("memory_kind") or ""
         result.num_params = present[0].get("num_params")
