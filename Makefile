@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	else \
 		$(PY) -m pip install -q torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e '.[test,bench]'
+	$(PY) -m pip install -q -e '.[test,bench,lightning]'
 	touch $(STAMP)
 
 demo: setup
