@@ -125,3 +125,17 @@ def test_stages_that_cannot_win_get_no_more_trials(tuner_factory):
     assert per_stage[1] == 2  # 32, then 16 is clearly slower: smaller ones are not tried
     assert per_stage[3] == 1 and per_stage[2] == 1
     assert any("cannot win" in n for n in result.notes)
+
+
+def test_why_lost_names_the_real_reason(tuner_factory):
+    machine = FakeMachine(speed={1: 1.006, 2: 1.0}, rel_ci=0.01)
+    result = tuner_factory(machine=machine, config={"zero_optimization": {"stage": [1, 2]},
+                                                    "train_micro_batch_size_per_gpu": 8}).tune()
+    (loser,) = [t for t in result.trials if t is not result.best]
+    assert result.why_lost(loser) == f"within noise of {result.best.name}, which has more memory headroom"
+    machine = FakeMachine(speed={1: 1.0, 2: 1.006}, rel_ci=0.01)
+    result = tuner_factory(machine=machine, results_dir=result.results_dir.parent / "r2",
+                           config={"zero_optimization": {"stage": [1, 2]},
+                                   "train_micro_batch_size_per_gpu": 8}).tune()
+    (loser,) = [t for t in result.trials if t is not result.best]
+    assert "which measured better" in result.why_lost(loser)

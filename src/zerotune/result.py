@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ZerotuneError
-from .ranking import MAXIMIZE, choose_best, fmt_metric, within_noise
+from .ranking import MAXIMIZE, better, choose_best, fmt_metric, within_noise
 from .store import SESSION, ResultStore
 from .trial import TrialResult, TrialState
 
@@ -40,7 +40,10 @@ class TuningResult:
         if trial.state is not TrialState.OK:
             return f"{trial.state.value}: {trial.reason}"
         if within_noise(self.metric, trial, self.best):
-            return f"within noise of {self.best.name}, which has more memory headroom"
+            if (self.best.max_peak or 0) < (trial.max_peak or 0) and better(self.metric, trial.metric(self.metric),
+                                                                            self.best.metric(self.metric)):
+                return f"within noise of {self.best.name}, which has more memory headroom"
+            return f"within noise of {self.best.name}, which measured better; the order is not certain"
         v, b = trial.metric(self.metric), self.best.metric(self.metric)
         pct = abs(b - v) / b * 100 if b else 0.0
         return f"{pct:.1f}% {'slower' if MAXIMIZE[self.metric] else 'higher latency'} than {self.best.name}"

@@ -68,9 +68,10 @@ class StepProbe:
                 self.observed_batch = int(tensor.shape[0])
                 if tensor.dim() == 2 and not tensor.is_floating_point():
                     self.tokens_per_sample = int(tensor.shape[1])
-        # Profile one forward during warm-up (the second optimizer step), never a timed one.
-        return self.spec.get("profile_flops", True) and len(self.times) == 1 and self.fwd_flops is None \
-            and self.flops_note == "not profiled"
+        # Profile one forward during warm-up (the second optimizer step when there are two warm-up
+        # steps, else the first), never in a timed step.
+        return (self.spec.get("profile_flops", True) and self.flops_note == "not profiled"
+                and len(self.times) == min(1, self.spec["warmup_steps"] - 1))
 
     def after_step(self, engine) -> None:
         """Called after every optimizer step (gradient-accumulation boundary)."""
@@ -87,7 +88,10 @@ class StepProbe:
             self.torch.distributed.all_reduce(flags, op=self.torch.distributed.ReduceOp.MAX)
         stop, any_over = bool(flags[0].item()), bool(flags[1].item())
         if any_over:
-            self.finish("oom", f"peak memory above the budget of {self.spec['budget']} bytes" if over_budget
+            from ..units import format_size
+
+            self.finish("oom", f"peak memory {format_size(self.memory.peak())} above the budget of "
+                               f"{format_size(self.spec['budget'])}" if over_budget
                         else "another rank went above the memory budget")
         if stop:
             self.finish("ok", "")

@@ -1,0 +1,88 @@
+"""Every feature of Lightning's DeepSpeed strategy, through AutotuneDeepSpeedStrategy on CPU."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+pytestmark = pytest.mark.integration
+JOB = Path(__file__).with_name("lightning_features.py")
+
+
+def run(scenario, tmp_path, ok=True):
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    env.pop("PL_DEEPSPEED_CONFIG_PATH", None)
+    out = subprocess.run([sys.executable, str(JOB), scenario, str(tmp_path)], capture_output=True, text=True,
+                         env=env, timeout=900, cwd=tmp_path)
+    if not ok:
+        assert out.returncode != 0
+        return out.stderr
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    return sorted(ranks, key=lambda r: r["rank"])
+
+
+def learned(ranks):
+    return all(math.isfinite(r["loss"]) and r["loss"] < 8.0 for r in ranks)  # target variance is 16
+
+
+@pytest.mark.parametrize("scenario, key", [("offload_optimizer", "offload"), ("offload_parameters", "offload")])
+def test_offload_to_cpu(tmp_path, scenario, key):
+    ranks = run(scenario, tmp_path)
+    assert all(r[key] == "cpu" for r in ranks) and learned(ranks)
+
+
+@pytest.mark.parametrize("scenario", ["config_dict", "config_path", "config_env"])
+def test_config_sources(tmp_path, scenario):
+    ranks = run(scenario, tmp_path)
+    assert all(r["stage"] == 1 for r in ranks) and learned(ranks)
+
+
+@pytest.mark.parametrize("precision, dtype", [("32-true", "torch.float32"), ("16-mixed", "torch.float16"),
+                                              ("bf16-mixed", "torch.bfloat16"),
+                                              ("bf16-true", "torch.bfloat16")])
+def test_precision(tmp_path, precision, dtype):
+    ranks = run(f"precision:{precision}", tmp_path)
+    assert all(r["dtype"] == dtype for r in ranks)
+    assert all(math.isfinite(r["loss"]) for r in ranks)
+
+
+def test_gradient_clipping_by_norm(tmp_path):
+    ranks = run("clip:norm", tmp_path)
+    assert all(r["clipping"] == 0.5 for r in ranks) and learned(ranks)
+
+
+def test_gradient_clipping_by_value_is_a_clear_error(tmp_path):
+    assert "clipping gradients by value" in run("clip:value", tmp_path, ok=False)
+
+
+def test_checkpoint_resume_and_consolidation(tmp_path):
+    ranks = run("checkpoint", tmp_path)
+    r0 = ranks[0]
+    assert r0["epoch"] == 2 and r0["global_step"] == 32  # 16 steps per epoch, resumed after the first
+    assert r0["loss"] < r0["first_loss"]  # the loss continued from where it stopped
+    assert r0["lr"] == pytest.approx(1e-2 * 0.5 ** 6)  # the scheduler resumed too (32 steps / 5)
+    assert r0["consolidated"] == 16 * 32 + 32 + 32 + 1
+
+
+def test_zero3_sharded_initialisation(tmp_path):
+    ranks = run("sharded_init", tmp_path)
+    assert all(r["built_sharded"] for r in ranks)  # configure_model ran inside deepspeed.zero.Init
+    assert all(r["ds_numel"] == 512 and r["local_numel"] < 512 for r in ranks)  # partitioned while training
+    assert learned(ranks)
+
+
+def test_validation_and_predict_loops(tmp_path):
+    ranks = run("validate_predict", tmp_path)
+    assert all(math.isfinite(r["val_loss"]) for r in ranks)
+    assert sum(r["predictions"] for r in ranks) == 64
+
+
+def test_two_optimizers_is_a_clear_error(tmp_path):
+    assert "multiple optimizers is only supported with manual optimization" in run("two_optimizers", tmp_path,
+                                                                                   ok=False)
