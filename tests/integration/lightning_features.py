@@ -1,5 +1,6 @@
 """Lightning DeepSpeed features through AutotuneDeepSpeedStrategy on CPU, one scenario per run:
-`python lightning_features.py SCENARIO WORKDIR`. Prints one JSON line per rank."""
+`python lightning_features.py SCENARIO WORKDIR`. Each rank writes WORKDIR/rank<N>.json (files, not
+stdout: the ranks share one stdout, where their lines can interleave)."""
 import json
 import os
 import sys
@@ -8,7 +9,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from zerotune.lightning import AutotuneDeepSpeedStrategy
+from zerotune.lightning import AutotuneDeepSpeedStrategy  # importing registers "deepspeed_autotune"
 
 
 class Regressor(L.LightningModule):
@@ -76,17 +77,30 @@ def trainer(strategy, **kw):
 
 def report(t, **extra):
     engine = t.strategy.model
-    out = {"rank": t.global_rank, "loss": float(t.callback_metrics.get("loss", float("nan"))), **extra}
+    out = {"rank": t.global_rank, "loss": float(t.callback_metrics.get("loss", float("nan"))),
+           "strategy": type(t.strategy).__name__, "device": str(getattr(engine, "device", "")), **extra}
     if hasattr(engine, "zero_optimization_stage"):
         out["stage"] = engine.zero_optimization_stage()
-    print(json.dumps(out), flush=True)
+    with open(os.path.join(WORK, f"rank{t.global_rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+WORK = "."
 
 
 def main():
+    global WORK
     scenario, work = sys.argv[1], sys.argv[2]
+    WORK = work
     torch.manual_seed(0)
     cfg = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8}
-    if scenario == "offload_optimizer":
+    if scenario.startswith("stage:") or scenario == "by_name":
+        strategy = "deepspeed_autotune" if scenario == "by_name" else AutotuneDeepSpeedStrategy(
+            stage=int(scenario.split(":")[1]))
+        t = trainer(strategy, max_epochs=3)
+        t.fit(Regressor(), data())
+        report(t)
+    elif scenario == "offload_optimizer":
         t = trainer(AutotuneDeepSpeedStrategy(stage=2, offload_optimizer=True))
         t.fit(Regressor(cpu_adam=True), data())
         report(t, offload=t.strategy.config["zero_optimization"]["offload_optimizer"]["device"])

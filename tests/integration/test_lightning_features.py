@@ -22,13 +22,25 @@ def run(scenario, tmp_path, ok=True):
         assert out.returncode != 0
         return out.stderr
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    ranks = [json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     return sorted(ranks, key=lambda r: r["rank"])
 
 
 def learned(ranks):
     return all(math.isfinite(r["loss"]) and r["loss"] < 8.0 for r in ranks)  # target variance is 16
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_trains_on_cpu_with_each_zero_stage(tmp_path, stage):
+    ranks = run(f"stage:{stage}", tmp_path)
+    assert all(r["stage"] == stage and r["device"] == "cpu" for r in ranks) and learned(ranks)
+
+
+def test_registered_by_name(tmp_path):
+    ranks = run("by_name", tmp_path)
+    assert {r["strategy"] for r in ranks} == {"AutotuneDeepSpeedStrategy"}
+    assert all(r["stage"] == 2 for r in ranks)  # Lightning's DeepSpeedStrategy default
 
 
 @pytest.mark.parametrize("scenario, key", [("offload_optimizer", "offload"), ("offload_parameters", "offload")])
