@@ -103,6 +103,7 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
                       memory_per_device=args.memory_per_device, results_dir=args.results_dir,
                       budget=args.time_budget, trial_timeout=args.trial_timeout, precision=args.precision,
                       overwrite=True if args.overwrite else None, on_event=printer)
+    printer.metric = tuner.request.autotuning.metric
     try:
         result = tuner.tune()
     except KeyboardInterrupt:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..probe._stats import is_stable, summarize
 from ..trial import Measurement, TrialResult, TrialSpec, TrialState
+from ..units import format_size
 
 _OOM_TEXT = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
 _RETURN_CODE = re.compile(r"exits with return code = (-?\d+)")
@@ -95,7 +96,8 @@ def collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | N
         tokens_per_sample=rank0.get("tokens_per_sample"), flops_per_step=rank0.get("flops_per_step"),
         flops_note=rank0.get("flops_note") or "", early_stop=bool(rank0.get("early_stop")))
     if budget and result.max_peak and result.max_peak > budget:
-        result.state, result.reason = TrialState.OOM, f"peak memory {result.max_peak} bytes above the budget"
+        result.state = TrialState.OOM
+        result.reason = f"peak memory {format_size(result.max_peak)} above the budget of {format_size(budget)}"
         return result
     result.state = TrialState.OK
     result.reason = "; ".join(reasons + [r["note"] for r in present[:1] if r.get("note")])
