@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,14 @@ def test_validation_and_predict_loops(tmp_path):
 def test_two_optimizers_is_a_clear_error(tmp_path):
     assert "multiple optimizers is only supported with manual optimization" in run("two_optimizers", tmp_path,
                                                                                    ok=False)
+
+
+def test_bundled_lightning_example_trains(tmp_path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "lightning_gpt.py"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(example), "--model", "tiny", "--devices", "2", "--max-steps", "30"],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # Both ranks share stdout, where other output can run into the line: match the number only.
+    loss = float(re.search(r"final loss (\d+\.\d{4})", out.stdout).group(1))
+    assert loss < math.log(512)  # below the loss of a uniform guess over the tiny vocabulary

@@ -1,0 +1,66 @@
+"""The bundled GPT as a LightningModule with a DataModule, trained with zerotune's DeepSpeed strategy.
+
+    python examples/lightning_gpt.py --devices 2 --model tiny --max-steps 20          # CPU or GPU
+
+On a machine without GPUs it trains on CPU (DeepSpeed's CPU accelerator, gloo). The micro-batch is
+the DataModule's ``batch_size`` attribute, where Lightning's BatchSizeFinder also looks for it.
+"""
+import argparse
+import os
+import sys
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt import GPT, MODELS, SyntheticTokens  # noqa: E402
+
+import zerotune.lightning  # noqa: E402,F401  (registers strategy="deepspeed_autotune")
+
+
+class GPTModule(L.LightningModule):
+    def __init__(self, model: str = "small", lr: float = 1e-3):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = GPT(*MODELS[model])
+
+    def training_step(self, tokens, batch_idx):
+        loss = self.net(tokens)
+        self.log("loss", loss, prog_bar=True)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+
+
+class TokenData(L.LightningDataModule):
+    def __init__(self, model: str = "small", batch_size: int = 8):
+        super().__init__()
+        self.batch_size = batch_size
+        vocab, _, _, _, seq_len = MODELS[model]
+        self.data = SyntheticTokens(vocab, seq_len)
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=self.batch_size)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(MODELS), default="small")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--max-steps", type=int, default=100)
+    parser.add_argument("--stage", type=int, default=2)
+    args = parser.parse_args()
+    accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+    strategy = zerotune.lightning.AutotuneDeepSpeedStrategy(stage=args.stage)
+    trainer = L.Trainer(accelerator=accelerator, devices=args.devices, strategy=strategy, max_steps=args.max_steps,
+                        logger=False, enable_checkpointing=False, log_every_n_steps=10)
+    trainer.fit(GPTModule(args.model), TokenData(args.model, args.batch_size))
+    if trainer.global_rank == 0:
+        print(f"final loss {float(trainer.callback_metrics['loss']):.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
