@@ -106,7 +106,7 @@ def measure(cfg: dict, name: str, out: Path, args) -> float:
     (d / "ds_config.json").write_text(json.dumps(cfg))
     spec = TrialSpec(stage=cfg["zero_optimization"]["stage"], micro_batch=cfg["train_micro_batch_size_per_gpu"],
                      grad_accum=cfg.get("gradient_accumulation_steps", 1))
-    job = TrialJob(spec=spec, trial_dir=d, ds_config=cfg, script=str(ROOT / "examples" / "gpt.py"),
+    job = TrialJob(spec=spec, trial_dir=d, script=str(ROOT / "examples" / "gpt.py"),
                    script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
                    local_rank_arg=True, num_gpus=args.num_gpus, budget=None, warmup_steps=3, min_steps=5,
                    max_seconds=30.0, rel_ci=0.02, timeout=600)

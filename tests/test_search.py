@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from fakes import FakeLauncher, FakeMachine
+from fakes import FakeMachine
 from zerotune import NoFeasibleConfigError
 from zerotune.trial import TrialState
 

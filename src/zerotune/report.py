@@ -22,18 +22,24 @@ def _env_prefix(tuner: "Autotuner") -> list[str]:
     return [f"{k}={env[k]}" for k in ("DS_ACCELERATOR", "OMP_NUM_THREADS") if tuner.node.device == "cpu" and k in env]
 
 
-def _runner_accepts(argv: list[str], script: str, args: list[str]) -> bool:
+def _runner_accepts(argv: list[str], script: str, args: list[str], device: str) -> bool:
     """Whether DeepSpeed's runner would hand ``args`` to the script untouched (its argparse
     takes abbreviations, so a script flag like --n can be read as its own --num_nodes)."""
     import logging
     import os
 
-    os.environ.setdefault("DS_ACCELERATOR", "cpu" if not _has_cuda() else "cuda")
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    # Importing DeepSpeed probes for an accelerator (and warns) unless told; tell it only for the
+    # import, so that this process's environment is left as the caller had it.
+    saved = os.environ.get("DS_ACCELERATOR")
+    os.environ.setdefault("DS_ACCELERATOR", device)
     try:
         from deepspeed.launcher.runner import parse_args
     except ImportError:
         return True
+    finally:
+        if saved is None:
+            os.environ.pop("DS_ACCELERATOR", None)
     try:
         parsed = parse_args(argv)
     except SystemExit:
@@ -41,18 +47,12 @@ def _runner_accepts(argv: list[str], script: str, args: list[str]) -> bool:
     return parsed.user_script == script and list(parsed.user_args) == list(args)
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def shell_command(tuner: "Autotuner", args: list[str]) -> str:
     """A command to paste in a shell: DeepSpeed's runner when it passes the args through
     untouched, else torchrun. Every word is quoted for the shell."""
     script = tuner.command.script
     runner = ["--num_gpus", str(tuner.num_gpus), script, *args]
-    if _runner_accepts(runner, script, args):
+    if _runner_accepts(runner, script, args, tuner.node.device):
         words = ["deepspeed", *runner]
     else:
         words = ["torchrun", f"--nproc_per_node={tuner.num_gpus}", script, *args]
@@ -119,11 +119,10 @@ def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str
 
     from .launch import ProcessGroup, launcher_argv, trial_env
     from .launch._local import free_port
-    from .probe._hooks import write_json_atomic
 
     args = tuner.command.trial_args(str(config_path.resolve()), tuner._mapped(tuner.result.best.spec))
     spec_path = tuner.results_dir / "run_probe.json"
-    write_json_atomic(spec_path, {"mode": "run", "script": tuner.command.script, "args": args,
+    write_json(spec_path, {"mode": "run", "script": tuner.command.script, "args": args,
                                   "local_rank_arg": tuner.command.takes_local_rank()})
     env = trial_env(tuner.num_gpus, tuner.node.device, {**(extra_env or {}), "ZEROTUNE_PROBE": str(spec_path)})
     group = ProcessGroup(launcher_argv(tuner.num_gpus, free_port()), env=env, log=None)

@@ -239,7 +239,7 @@ class Autotuner:
         write_json(d / "ds_config.json", cfg)
         args = self.command.trial_args(str((d / "ds_config.json").resolve()), self._mapped(spec))
         at = self.request.autotuning
-        job = TrialJob(spec=spec, trial_dir=d, ds_config=cfg, script=self.command.script, script_args=args,
+        job = TrialJob(spec=spec, trial_dir=d, script=self.command.script, script_args=args,
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),
@@ -265,7 +265,7 @@ class Autotuner:
         self.on_event(TuningEvent(kind, index, self.request.autotuning.tuner_num_trials, spec, result, message))
 
     def _note(self, message: str) -> None:
-        self.searcher.notes.append(message)
+        self.notes.append(message)
         self._emit("note", message=message)
 
     def _write_session(self, store: ResultStore, state: str, trials, wall: float, notes=()) -> None:

@@ -15,8 +15,6 @@ class TrialJob:
 
     spec: TrialSpec
     trial_dir: Path
-    ds_config: dict[str, Any]
-    """The complete ds_config of this trial (already written to trial_dir/ds_config.json)."""
     script: str
     script_args: list[str]
     """The user's arguments with the config path (and arg_mappings) replaced for this trial."""

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from .._proc import die_with_parent
-from ..probe._hooks import write_json_atomic
+from ..store import write_json
 from ..trial import TrialResult
 from ._base import Launcher, TrialJob
 from ._collect import collect
@@ -91,7 +91,7 @@ class LocalLauncher(Launcher):
                  "max_seconds": job.max_seconds, "rel_ci": job.rel_ci, "to_beat": job.to_beat,
                  "expect": {"stage": job.spec.stage, "micro_batch": job.spec.micro_batch,
                             "grad_accum": job.spec.grad_accum}}
-        write_json_atomic(d / "probe.json", probe)
+        write_json(d / "probe.json", probe)
         env = trial_env(job.num_gpus, self.device, {**job.env, "ZEROTUNE_PROBE": str(d / "probe.json")})
         argv = launcher_argv(job.num_gpus, free_port())
         ranks_see = [job.script] + (["--local_rank=<rank>"] if job.local_rank_arg else []) + job.script_args

@@ -1,21 +1,15 @@
 """Hooks on DeepSpeed's engine that time optimizer steps and stop the trial when measured."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from ..store import write_json
 from ._memory import MemoryReader
 from ._stats import is_stable, summarize
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
 
 
 def _first_tensor(args, kwargs, torch):
@@ -48,8 +42,8 @@ class StepProbe:
         self.observed_batch: int | None = None
         self.fwd_flops: float | None = None
         self.flops_note = "not profiled"
-        self.forwards = 0
         self.early_stop = False
+        self.batch_note = ""
         self.memory: MemoryReader | None = None
         self.engine = None
         self.start = time.perf_counter()
@@ -57,7 +51,6 @@ class StepProbe:
     # -- hooks -------------------------------------------------------------------------------
     def before_forward(self, engine, args, kwargs) -> bool:
         """Returns True when this forward should be profiled for FLOPs."""
-        self.forwards += 1
         if self.engine is None:
             self.engine = engine
             self.memory = MemoryReader(engine.device.type if hasattr(engine.device, "type") else
@@ -75,9 +68,8 @@ class StepProbe:
 
     def after_step(self, engine) -> None:
         """Called after every optimizer step (gradient-accumulation boundary)."""
-        from deepspeed.accelerator import get_accelerator
-
-        get_accelerator().synchronize()
+        if self.memory is not None and self.memory.kind == "cuda":
+            self.torch.cuda.synchronize()  # time finished work, not queued kernels
         self.times.append(time.perf_counter())
         if len(self.times) == 1:
             self._check_config(engine)
@@ -162,7 +154,7 @@ class StepProbe:
             "rank": self.rank, "state": state, "reason": reason, "early_stop": self.early_stop,
             "times": self.times, "intervals": self.intervals(), "warmup_steps": self.spec["warmup_steps"],
             "samples_per_step": samples_per_step, "tokens_per_sample": self.tokens_per_sample,
-            "observed_batch": self.observed_batch, "note": getattr(self, "batch_note", ""),
+            "observed_batch": self.observed_batch, "note": self.batch_note,
             "fwd_flops": self.fwd_flops, "flops_per_step": None if self.fwd_flops is None or engine is None
             else 3.0 * self.fwd_flops * gas, "flops_note": self.flops_note,
             "static_memory": self.static_memory, "memory_kind": self.memory.kind if self.memory else None,
@@ -173,7 +165,7 @@ class StepProbe:
 
     def finish(self, state: str, reason: str, code: int = 0) -> None:
         """Record this rank's result and end the process without running the rest of the script."""
-        write_json_atomic(self.out / f"rank{self.rank}.json", self.report(state, reason))
+        write_json(self.out / f"rank{self.rank}.json", self.report(state, reason))
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -37,7 +37,6 @@ class MicroBatchSearch(Searcher):
         self.notes: list[str] = []
         self._plan = self._run()
         self._pending: Suggestion | None = None
-        self._started = False
 
     # -- Searcher ------------------------------------------------------------------------------
     def suggest(self) -> Suggestion | None:
