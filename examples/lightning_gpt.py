@@ -2,8 +2,10 @@
 
     python examples/lightning_gpt.py --devices 2 --model tiny --max-steps 20          # CPU or GPU
 
-On a machine without GPUs it trains on CPU (DeepSpeed's CPU accelerator, gloo). The micro-batch is
-the DataModule's ``batch_size`` attribute, where Lightning's BatchSizeFinder also looks for it.
+The first run tunes (ZeRO stage, micro-batch and accumulation at the global batch
+batch-size x devices) and caches the result; later runs train with it at once. On a machine
+without GPUs it trains on CPU (DeepSpeed's CPU accelerator, gloo). The micro-batch is the
+DataModule's ``batch_size`` attribute, where Lightning's BatchSizeFinder also looks for it.
 """
 import argparse
 import os
@@ -51,14 +53,22 @@ def main():
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=100)
-    parser.add_argument("--stage", type=int, default=2)
+    parser.add_argument("--stage", type=int, default=None, help="fix the ZeRO stage (default: tune it)")
+    parser.add_argument("--no-tune", action="store_true", help="train with --stage (default 2), no tuning")
+    parser.add_argument("--retune", action="store_true", help="tune again even if a result is cached")
+    parser.add_argument("--cache-dir", default=None, help="where tuned configs are kept")
     args = parser.parse_args()
     accelerator = "gpu" if torch.cuda.is_available() else "cpu"
-    strategy = zerotune.lightning.AutotuneDeepSpeedStrategy(stage=args.stage)
+    stage = {} if args.stage is None else {"stage": args.stage}
+    strategy = zerotune.lightning.AutotuneDeepSpeedStrategy(autotune=not args.no_tune, retune=args.retune,
+                                                            cache_dir=args.cache_dir, **stage)
     trainer = L.Trainer(accelerator=accelerator, devices=args.devices, strategy=strategy, max_steps=args.max_steps,
                         logger=False, enable_checkpointing=False, log_every_n_steps=10)
     trainer.fit(GPTModule(args.model), TokenData(args.model, args.batch_size))
     if trainer.global_rank == 0:
+        result = strategy.tuning_result  # the trials behind the config (None when not tuned)
+        if result is not None and result.best is not None:
+            print(f"tuned: {result.best.name}, {len(result.trials)} trials, results in {result.results_dir}")
         print(f"final loss {float(trainer.callback_metrics['loss']):.4f}", flush=True)
 
 

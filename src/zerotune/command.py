@@ -58,11 +58,14 @@ class UserCommand:
         i, joined = pos
         return self.args[i].split("=", 1)[1] if joined else self.args[i]
 
-    def trial_args(self, config_path: str, mapped: dict[str, str] | None = None) -> list[str]:
-        """The user's args, untouched except the ds_config path and the ``arg_mappings`` values."""
+    def trial_args(self, config_path: str | None, mapped: dict[str, str] | None = None) -> list[str]:
+        """The user's args, untouched except the ds_config path and the ``arg_mappings`` values.
+        ``config_path`` None: the config reaches the script another way (Lightning)."""
         args = list(self.args)
         pos = self.config_position()
-        if pos is None:
+        if config_path is None:
+            pass
+        elif pos is None:
             args += ["--deepspeed_config", config_path]
         else:
             i, joined = pos

@@ -108,8 +108,31 @@ def write_outputs(tuner: "Autotuner") -> None:
     if result.best_config is None:
         return
     optimal = write_optimal_config(result.best_config, root / "ds_config_optimal.json")
+    if tuner.lightning is not None:
+        from .lightning_job import write_cache
+
+        write_atomic(root / "cmd_optimal.txt", lightning_command(tuner, optimal))
+        write_cache(tuner.lightning, result)
+        return
     args = tuner.command.trial_args(str(optimal.resolve()), tuner._mapped(result.best.spec))
     write_atomic(root / "cmd_optimal.txt", shell_command(tuner, args) + "\n")
+
+
+def lightning_command(tuner: "Autotuner", optimal: Path) -> str:
+    """A Lightning script reads the config from PL_DEEPSPEED_CONFIG_PATH and starts its own processes."""
+    from .lightning_job import trainer_settings
+
+    job, best = tuner.lightning, tuner.result.best_config
+    words = ["python", tuner.command.script,
+             *tuner.command.trial_args(None, tuner._mapped(tuner.result.best.spec))]
+    line = " ".join(_env_prefix(tuner) + [f"PL_DEEPSPEED_CONFIG_PATH={shlex.quote(str(optimal.resolve()))}"]
+                    + [shlex.quote(w) for w in words]) + "\n"
+    if job.strategy == "AutotuneDeepSpeedStrategy":
+        return line
+    mb, gas = trainer_settings(best, job.world_size)
+    return (f"# {job.strategy} takes the stage and ZeRO settings from this config, but not the batch: set "
+            f"batch_size={mb} and Trainer(accumulate_grad_batches={gas}) in the script, or use "
+            "strategy=\"deepspeed_autotune\" (zerotune.lightning), which sets both from the config.\n" + line)
 
 
 def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str] | None = None) -> int:
@@ -120,10 +143,13 @@ def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str
     from .launch import ProcessGroup, launcher_argv, trial_env
     from .launch._local import free_port
 
-    args = tuner.command.trial_args(str(config_path.resolve()), tuner._mapped(tuner.result.best.spec))
+    lightning = tuner.lightning is not None
+    args = tuner.command.trial_args(None if lightning else str(config_path.resolve()),
+                                    tuner._mapped(tuner.result.best.spec))
     spec_path = tuner.results_dir / "run_probe.json"
     write_json(spec_path, {"mode": "run", "script": tuner.command.script, "args": args,
-                                  "local_rank_arg": tuner.command.takes_local_rank()})
+                           "local_rank_arg": tuner.command.takes_local_rank(),
+                           "lightning_config": str(config_path.resolve()) if lightning else None})
     env = trial_env(tuner.num_gpus, tuner.node.device, {**(extra_env or {}), "ZEROTUNE_PROBE": str(spec_path)})
     group = ProcessGroup(launcher_argv(tuner.num_gpus, free_port()), env=env, log=None)
     try:

@@ -13,6 +13,7 @@ from ._errors import ConfigError, NoFeasibleConfigError
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
 from .launch import Launcher, LocalLauncher, TrialJob
+from .lightning_job import LightningJob, inspect_script, lightning_form, looks_like_lightning
 from .memory import MemoryModel
 from .ranking import choose_best
 from .result import TuningResult
@@ -88,15 +89,21 @@ class Autotuner:
                  budget: float | str | None = None, launcher: Launcher | None = None,
                  on_event: Callable[[TuningEvent], None] | None = None, trial_timeout: float = 600.0,
                  precision: float = 0.03, max_measure_seconds: float = 15.0, overwrite: bool | None = None,
-                 node: hardware.Node | None = None):
+                 node: hardware.Node | None = None, lightning: LightningJob | None = None):
         self.command = UserCommand.from_callable(command) if callable(command) else UserCommand.parse(command)
-        source = ds_config if ds_config is not None else self.command.config_path()
-        if source is None:
-            raise ConfigError("no ds_config given; add --deepspeed_config ds.json to the script's arguments")
-        self.user_config = load_ds_config(source)
         if num_nodes != 1:
             raise ConfigError("--num-nodes above 1 is not supported yet; tune on one node")
         self.node = node or hardware.detect()
+        source = ds_config if ds_config is not None else self.command.config_path()
+        if source is None and lightning is None and looks_like_lightning(self.command.script):
+            lightning = self._inspect(Path(results_dir or "autotuning_results") / "_inspect")
+        self.lightning = lightning
+        if lightning is not None:
+            num_gpus = self._lightning_processes(lightning, num_gpus)
+            source = lightning.tuning_config() if source is None else source
+        if source is None:
+            raise ConfigError("no ds_config given; add --deepspeed_config ds.json to the script's arguments")
+        self.user_config = load_ds_config(source)
         self.num_gpus = num_gpus or (self.node.device_count if self.node.device == "cuda" else 1)
         if num_gpus is not None and num_gpus < 1:
             raise ConfigError(f"--num-gpus must be at least 1, not {num_gpus}")
@@ -124,6 +131,22 @@ class Autotuner:
                               "every tuner_type in this version")
 
     # -- set-up --------------------------------------------------------------------------------
+    def _inspect(self, out_dir: Path) -> LightningJob:
+        from .launch import trial_env
+
+        return inspect_script(self.command.script, list(self.command.args), out_dir,
+                              trial_env(1, self.node.device))
+
+    @staticmethod
+    def _lightning_processes(job: LightningJob, num_gpus: int | None) -> int:
+        if job.num_nodes != 1:
+            raise ConfigError(f"the Trainer asks for num_nodes={job.num_nodes}; zerotune tunes on one node: tune "
+                              "with num_nodes=1, then train on more nodes with the config it writes")
+        if num_gpus is not None and num_gpus != job.world_size:
+            raise ConfigError(f"--num-gpus {num_gpus} does not match the Trainer's devices={job.world_size}; "
+                              f"pass --num-gpus {job.world_size} (or leave it out) or change the Trainer")
+        return job.world_size
+
     def _budget(self, memory_per_device: int | str | None) -> int:
         if memory_per_device is not None:
             return parse_size(memory_per_device, what="--memory-per-device")
@@ -187,6 +210,8 @@ class Autotuner:
         notes = self.notes + list(getattr(self.searcher, "notes", [])) + ([choice.note] if choice and choice.note
                                                                            else [])
         best_config = trial_config(self.request.base_config, choice.best.spec, self.dp) if choice else None
+        if best_config is not None and self.lightning is not None:
+            best_config = lightning_form(best_config)
         self.result = TuningResult(metric=at.metric, trials=trials, best=choice.best if choice else None,
                                    best_config=best_config, results_dir=self.results_dir, notes=notes,
                                    wall_time=wall, launched=self._launched)
@@ -237,9 +262,11 @@ class Autotuner:
     def _job(self, store: ResultStore, spec: TrialSpec, cfg: dict[str, Any]) -> TrialJob:
         d = store.trial_dir(spec.name)
         write_json(d / "ds_config.json", cfg)
-        args = self.command.trial_args(str((d / "ds_config.json").resolve()), self._mapped(spec))
+        config_arg = None if self.lightning else str((d / "ds_config.json").resolve())
+        args = self.command.trial_args(config_arg, self._mapped(spec))
         at = self.request.autotuning
         job = TrialJob(spec=spec, trial_dir=d, script=self.command.script, script_args=args,
+                       lightning=self.lightning is not None,
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),

@@ -15,7 +15,8 @@ JOB = Path(__file__).with_name("lightning_features.py")
 
 
 def run(scenario, tmp_path, ok=True):
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    # The features themselves, without tuning (test_lightning_tuning.py covers that).
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "ZEROTUNE_AUTOTUNE": "0"}
     env.pop("PL_DEEPSPEED_CONFIG_PATH", None)
     out = subprocess.run([sys.executable, str(JOB), scenario, str(tmp_path)], capture_output=True, text=True,
                          env=env, timeout=900, cwd=tmp_path)
@@ -104,7 +105,8 @@ def test_two_optimizers_is_a_clear_error(tmp_path):
 def test_bundled_lightning_example_trains(tmp_path):
     example = Path(__file__).resolve().parents[2] / "examples" / "lightning_gpt.py"
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(example), "--model", "tiny", "--devices", "2", "--max-steps", "30"],
+    out = subprocess.run([sys.executable, str(example), "--model", "tiny", "--devices", "2", "--max-steps", "30",
+                          "--no-tune"],
                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     # Both ranks share stdout, where other output can run into the line: match the number only.

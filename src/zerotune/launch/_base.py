@@ -31,6 +31,9 @@ class TrialJob:
     """{"metric": "throughput"|"latency", "value": v}: the trial may stop measuring as soon as
     it clearly cannot beat v (the best so far)."""
     env: dict[str, str] = field(default_factory=dict)
+    lightning: bool = False
+    """A Lightning script: the trial's ds_config.json reaches its DeepSpeedStrategy through the
+    probe's Lightning hooks rather than through a --deepspeed_config argument."""
 
 
 class Launcher(abc.ABC):

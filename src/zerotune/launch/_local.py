@@ -89,6 +89,7 @@ class LocalLauncher(Launcher):
                  "local_rank_arg": job.local_rank_arg, "out_dir": str(d), "budget": job.budget,
                  "warmup_steps": job.warmup_steps, "min_steps": job.min_steps, "max_steps": job.max_steps,
                  "max_seconds": job.max_seconds, "rel_ci": job.rel_ci, "to_beat": job.to_beat,
+                 "lightning_config": str(d / "ds_config.json") if job.lightning else None,
                  "expect": {"stage": job.spec.stage, "micro_batch": job.spec.micro_batch,
                             "grad_accum": job.spec.grad_accum}}
         write_json(d / "probe.json", probe)

@@ -1,26 +1,120 @@
-"""Lightning's DeepSpeedStrategy, reused as it is, plus what it lacks: training on CPU.
+"""Lightning's DeepSpeedStrategy, reused as it is, plus what it lacks: tuning on first fit, and
+training on CPU.
 
-Lightning's strategy refuses any accelerator but CUDA, requires device indices equal to local
+Tuning: before Lightning starts the other ranks, the first ``fit`` looks up a tuned config for
+this model and setup in the cache; without one it runs zerotune's trials of this same program
+(each re-runs the script, as Lightning's own launcher does), caches the best, then trains with it.
+
+CPU: Lightning's strategy refuses any accelerator but CUDA, requires device indices equal to local
 ranks, and hands DeepSpeed ``device_rank=None`` on CPU. Three small overrides lift exactly those
 checks; everything else (configs, precision, checkpoints, ZeRO-3 sharded init) is Lightning's.
 """
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from ..config import STAGES
+from ..lightning_job import is_tuned_config
+from ._tuning import TuneFirstLauncher, Tuning
 
 
 class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
-    """DeepSpeed through Lightning, on CUDA or on CPU (DeepSpeed's CPU accelerator, gloo)."""
+    """DeepSpeed through Lightning that finds its own fastest configuration, on CUDA or on CPU.
+
+    All of DeepSpeedStrategy's arguments are accepted. Tuning options:
+
+    - ``autotune``: tune on the first ``fit`` (default True; env ``ZEROTUNE_AUTOTUNE=0`` turns it off).
+    - ``stages``: ZeRO stages to search (default: all, or the ``stage`` / config's stage if given).
+    - ``metric``: "throughput" (default), "latency" or "flops".
+    - ``global_batch``: samples per optimizer step to keep fixed (default: the script's
+      ``batch_size`` x ``accumulate_grad_batches`` x processes).
+    - ``time_budget`` ("20m" or seconds), ``max_trials``, ``memory_per_device`` ("16GB"),
+      ``trial_timeout`` (seconds).
+    - ``cache_dir``: where results are kept (default ``$ZEROTUNE_CACHE_DIR``, else
+      ``~/.cache/zerotune/lightning``); ``retune=True`` tunes again even when a result is cached.
+
+    After ``fit``, ``strategy.tuning_result`` is the :class:`zerotune.TuningResult` (None when
+    not tuned) and ``strategy.tuned_config`` the config trained with.
+    """
 
     strategy_name = "deepspeed_autotune"
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, autotune: bool = True, stages: Sequence[int] | None = None,
+                 metric: str = "throughput", global_batch: int | None = None, time_budget: float | str | None = None,
+                 max_trials: int | None = None, memory_per_device: int | str | None = None,
+                 trial_timeout: float = 600.0, cache_dir: str | Path | None = None, retune: bool = False,
+                 **kwargs: Any):
+        user_config = kwargs.get("config") is not None or (self.DEEPSPEED_ENV_VAR in os.environ)
         super().__init__(*args, **kwargs)
+        if stages is None and "stage" in kwargs and not user_config:
+            stages = [kwargs["stage"]]
+        self.tuning = Tuning(autotune=autotune, stages=stages, metric=metric, global_batch=global_batch,
+                             time_budget=time_budget, max_trials=max_trials, memory_per_device=memory_per_device,
+                             trial_timeout=trial_timeout, cache_dir=cache_dir, retune=retune,
+                             user_config=user_config)
+        if user_config and is_tuned_config(self.config):  # e.g. zerotune's ds_config_optimal.json
+            self.tuning.entry = {"best": "the given config", "config": copy.deepcopy(self.config)}
+
+    @property
+    def tuning_result(self):
+        return self.tuning.result
+
+    @property
+    def tuned_config(self) -> dict[str, Any] | None:
+        return self.tuning.entry["config"] if self.tuning.entry else None
+
+    # -- tuning --------------------------------------------------------------------------------
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        if self._launcher is not None:  # Lightning starts the ranks: tune before it does
+            self._launcher = TuneFirstLauncher(self, self._launcher)
+
+    def _describe_extras(self, job, model) -> None:
+        """Called while describing a fit: this strategy's search space, cache and fingerprint."""
+        from ._describe import fingerprint
+
+        stages = self.tuning.stages
+        if stages is None and self.tuning.user_config:
+            from ..config import _parse_stages
+
+            stages = _parse_stages((job.base_config.get("zero_optimization") or {}).get("stage"))
+        job.stages = sorted(set(stages)) if stages is not None else list(STAGES)
+        job.autotuning = self.tuning.autotuning_keys()
+        job.cache_dir = str(self.tuning.cache_path())
+        job.fingerprint = fingerprint(job, model, self)
+
+    def setup_environment(self) -> None:
+        if self.tuning.active():
+            # Started by torchrun/SLURM, a rank Lightning started after rank 0 tuned, or not fitting:
+            # only the cache. Every rank decides alike, so none waits for another in a collective.
+            model = self.lightning_module
+            trainer = model.trainer
+            self.tuning.resolve(self, trainer, model, trainer.datamodule, None, can_tune=False,
+                                required=trainer.state.fn == TrainerFn.FITTING)
+        if isinstance(self.accelerator, CPUAccelerator):
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+            DDPStrategy.setup_environment(self)  # skip only the "CUDA GPUs only" refusal
+            return
+        super().setup_environment()
+
+    def setup(self, trainer) -> None:
+        if self.tuning.entry is not None and not self.tuning.in_trial():
+            from ._describe import apply_tuned
+
+            mb, gas = apply_tuned(self, trainer, self.tuning.entry["config"])
+            rank_zero_info(f"zerotune: training with {self.tuning.entry['best']} (batch_size={mb}, "
+                           f"accumulate_grad_batches={gas})")
+        super().setup(trainer)
 
     # -- CPU support ---------------------------------------------------------------------------
     @property
@@ -35,14 +129,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
             devices = [torch.device("cpu", i) for i in range(len(devices))]
         self._parallel_devices = devices
 
-    def setup_environment(self) -> None:
-        if isinstance(self.accelerator, CPUAccelerator):
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-            DDPStrategy.setup_environment(self)  # skip only the "CUDA GPUs only" refusal
-            return
-        super().setup_environment()
-
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(cls.strategy_name, cls,
-                                   description="DeepSpeed that also runs on CPU (zerotune)")
+                                   description="DeepSpeed that tunes itself and also runs on CPU (zerotune)")

@@ -32,15 +32,23 @@ def main() -> None:
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    measure = spec["mode"] == "measure"
+    mode = spec["mode"]
     probe = None
-    if measure:
+    if mode == "measure":
         out = Path(spec["out_dir"])
         _redirect(out, rank)
         from ._hooks import StepProbe, install
 
         probe = StepProbe(spec, rank)
         install(probe)
+    if mode == "inspect":
+        from ._lightning import install_inspect
+
+        install_inspect(spec)
+    elif spec.get("lightning_config"):
+        from ._lightning import install_trial
+
+        install_trial(spec["lightning_config"], probe)
     script = spec["script"]
     sys.argv = [script] + ([f"--local_rank={local_rank}"] if spec.get("local_rank_arg") else []) + spec["args"]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
