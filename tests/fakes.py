@@ -21,9 +21,14 @@ class FakeMachine:
     rel_ci: float = 0.01
     crash: set[str] = field(default_factory=set)
     """Trial names that crash."""
+    offload_keeps: float = 0.25
+    """Share of the model states left on the device with optimizer offload to CPU."""
 
     def peak(self, spec: TrialSpec) -> int:
-        return self.static[spec.stage] + self.per_sample * spec.micro_batch
+        static = self.static[spec.stage]
+        if any(k.endswith("offload_optimizer.device") for k, _ in spec.overrides):
+            static = int(static * self.offload_keeps)
+        return static + self.per_sample * spec.micro_batch
 
     def throughput(self, spec: TrialSpec) -> float:
         # Saturating in the micro-batch, scaled per stage.

@@ -110,3 +110,25 @@ def test_import_is_lazy():
     code = "import sys, zerotune, zerotune.cli; print(any(m in sys.modules for m in ('torch', 'deepspeed', 'lightning')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_offload_is_searched_where_nothing_fits_without_it(tuner_factory, tmp_path):
+    tuner = tuner_factory(memory="2GiB")  # stage 3 alone needs 2000 MiB + 100 MiB per sample
+    result = tuner.tune()
+    offloaded = [t for t in result.trials if t.spec.overrides]
+    assert offloaded and result.best in offloaded and "_oo=cpu" in result.best.name
+    assert all(t.spec.stage >= 1 for t in offloaded)
+    assert all(("_op=cpu" in t.name) == (t.spec.stage == 3) for t in offloaded)  # params only with stage 3
+    assert any("nothing fit without offload" in n for n in result.notes)
+    best = json.loads((tmp_path / "results" / "ds_config_optimal.json").read_text())
+    assert best["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
+
+
+def test_offload_not_searched_when_a_config_fits_or_when_refused(tuner_factory):
+    from zerotune import NoFeasibleConfigError
+
+    assert not any(t.spec.overrides for t in tuner_factory().tune().trials)
+    with pytest.raises(NoFeasibleConfigError):
+        tuner_factory(memory="2GiB", offload=False, results_dir="r2").tune()
+    forced = tuner_factory(offload=True, results_dir="r3").tune()
+    assert any(t.spec.overrides for t in forced.trials) and any(not t.spec.overrides for t in forced.trials)

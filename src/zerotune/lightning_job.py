@@ -46,6 +46,8 @@ class LightningJob:
     config lists some or has an autotuning section."""
     autotuning: dict[str, Any] = field(default_factory=dict)
     """Autotuning keys the strategy sets (metric, max_train_batch_size, tuner_num_trials)."""
+    offload: bool | None = None
+    """Offload to CPU: None where needed (nothing fits without), True also searched, False never."""
     fingerprint: str | None = None
     cache_dir: str | None = None
     """AutotuneDeepSpeedStrategy's cache, where a tuning's result is found by later runs."""

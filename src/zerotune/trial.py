@@ -15,6 +15,11 @@ class TrialState(str, enum.Enum):
     """Never launched: predicted not to fit, or invalid for the user's settings."""
 
 
+SHORT_KEYS = {"zero_optimization.offload_optimizer.device": "oo", "zero_optimization.offload_param.device": "op",
+              "zero_force_ds_cpu_optimizer": None}
+"""Short names of override keys in trial names; None: implied by the others, not named."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrialSpec:
     """One configuration to measure: a ZeRO stage, a micro-batch and accumulation, and any
@@ -29,7 +34,8 @@ class TrialSpec:
     def name(self) -> str:
         """Canonical, short and stable: the trial's folder name."""
         parts = [f"z{self.stage}", f"mb{self.micro_batch}", f"gas{self.grad_accum}"]
-        parts += [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in self.overrides]
+        parts += [f"{SHORT_KEYS.get(k, k.rsplit('.', 1)[-1])}={v}" for k, v in self.overrides
+                  if SHORT_KEYS.get(k, "") is not None]
         return "_".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

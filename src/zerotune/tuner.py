@@ -89,7 +89,8 @@ class Autotuner:
                  budget: float | str | None = None, launcher: Launcher | None = None,
                  on_event: Callable[[TuningEvent], None] | None = None, trial_timeout: float = 600.0,
                  precision: float = 0.03, max_measure_seconds: float = 15.0, overwrite: bool | None = None,
-                 node: hardware.Node | None = None, lightning: LightningJob | None = None):
+                 node: hardware.Node | None = None, lightning: LightningJob | None = None,
+                 offload: bool | None = None):
         self.command = UserCommand.from_callable(command) if callable(command) else UserCommand.parse(command)
         if num_nodes != 1:
             raise ConfigError("--num-nodes above 1 is not supported yet; tune on one node")
@@ -120,6 +121,7 @@ class Autotuner:
         self.on_event = on_event or (lambda e: None)
         self.trial_timeout, self.precision, self.max_measure_seconds = trial_timeout, precision, max_measure_seconds
         self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16"))
+        self.offload = offload
         self.searcher = searcher or self._default_searcher()
         self.result: TuningResult | None = None
         self.notes: list[str] = []
@@ -179,6 +181,31 @@ class Autotuner:
             memory=MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision),
             prune=invalid_stages(self.request.base_config, self.request.stages))
 
+    def _offload_searcher(self, trials: list[TrialResult]) -> Searcher | None:
+        """Offload to CPU where needed (``offload`` None: only when nothing fit without it), or
+        always (True): the optimizer for stages 1-2, optimizer and parameters for stage 3."""
+        zero = self.request.base_config.get("zero_optimization") or {}
+        if self.offload is False or zero.get("offload_optimizer") or zero.get("offload_param"):
+            return None
+        if self.offload is None and (any(t.state is TrialState.OK for t in trials)
+                                     or not any(t.state is TrialState.OOM for t in trials)):
+            return None
+        stages = [s for s in self.request.stages if s >= 1]
+        if not stages:
+            return None
+        common: tuple = (("zero_optimization.offload_optimizer.device", "cpu"),)
+        if "optimizer" not in self.request.base_config:  # a client optimizer: let DeepSpeed offload it
+            common += (("zero_force_ds_cpu_optimizer", False),)
+        overrides = {s: common + ((("zero_optimization.offload_param.device", "cpu"),) if s == 3 else ())
+                     for s in stages}
+        self._note(("nothing fit without offload: " if self.offload is None else "")
+                   + f"searching stages {stages} with offload to cpu")
+        at = self.request.autotuning
+        return MicroBatchSearch(
+            stages=stages, candidates=self.candidates(), global_batch=self.request.global_batch, dp=self.dp,
+            grad_accum=1, budget=self.budget, metric=at.metric, num_micro_batches=at.num_tuning_micro_batch_sizes,
+            memory=MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision), overrides=overrides)
+
     # -- the loop ------------------------------------------------------------------------------
     def tune(self) -> TuningResult:
         """Run the search; finished trials on disk are reused, so a rerun resumes."""
@@ -190,17 +217,23 @@ class Autotuner:
         self._launched = 0
         best_name = None
         self._write_session(store, "running", [], 0.0)
+        searcher: Searcher | None = self.searcher
+        stopped = False
         try:
-            while (suggestion := self.searcher.suggest()) is not None:
-                result = self._trial(store, suggestion, trials, start)
-                if result is None:
-                    break
-                trials.append(result)
-                self.searcher.observe(result)
-                choice = choose_best(trials, at.metric)
-                if choice and choice.best.name != best_name:
-                    best_name = choice.best.name
-                    self._emit("best", len(trials), choice.best.spec, choice.best)
+            while searcher is not None and not stopped:
+                while (suggestion := searcher.suggest()) is not None:
+                    result = self._trial(store, suggestion, trials, start)
+                    if result is None:
+                        stopped = True
+                        break
+                    trials.append(result)
+                    searcher.observe(result)
+                    choice = choose_best(trials, at.metric)
+                    if choice and choice.best.name != best_name:
+                        best_name = choice.best.name
+                        self._emit("best", len(trials), choice.best.spec, choice.best)
+                self.notes += [n for n in getattr(searcher, "notes", []) if searcher is not self.searcher]
+                searcher = self._offload_searcher(trials) if searcher is self.searcher else None
         except BaseException:
             self.launcher.close()
             self._write_session(store, "interrupted", trials, time.monotonic() - start)

@@ -97,7 +97,7 @@ def fingerprint(job: LightningJob, model, strategy) -> str:
               "world_size": job.world_size, "num_nodes": job.num_nodes, "device": device, "device_memory": memory,
               "precision": job.precision, "global_batch": job.global_batch, "micro_batch_fixed":
               job.batch_size if job.batch_size_attr is None else None,
-              "config": job.tuning_config()}
+              "config": job.tuning_config(), "offload": job.offload}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

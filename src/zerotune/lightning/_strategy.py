@@ -35,6 +35,8 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
 
     - ``autotune``: tune on the first ``fit`` (default True; env ``ZEROTUNE_AUTOTUNE=0`` turns it off).
     - ``stages``: ZeRO stages to search (default: all, or the ``stage`` / config's stage if given).
+    - ``offload``: offload to CPU (optimizer; for stage 3 also parameters): None (default) where
+      needed, when nothing fits without it; True: searched as well; False: never.
     - ``metric``: "throughput" (default), "latency" or "flops".
     - ``global_batch``: samples per optimizer step to keep fixed (default: the script's
       ``batch_size`` x ``accumulate_grad_batches`` x processes).
@@ -50,6 +52,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
     strategy_name = "deepspeed_autotune"
 
     def __init__(self, *args: Any, autotune: bool = True, stages: Sequence[int] | None = None,
+                 offload: bool | None = None,
                  metric: str = "throughput", global_batch: int | None = None, time_budget: float | str | None = None,
                  max_trials: int | None = None, memory_per_device: int | str | None = None,
                  trial_timeout: float = 600.0, cache_dir: str | Path | None = None, retune: bool = False,
@@ -58,7 +61,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
         super().__init__(*args, **kwargs)
         if stages is None and "stage" in kwargs and not user_config:
             stages = [kwargs["stage"]]
-        self.tuning = Tuning(autotune=autotune, stages=stages, metric=metric, global_batch=global_batch,
+        self.tuning = Tuning(autotune=autotune, stages=stages, offload=offload, metric=metric, global_batch=global_batch,
                              time_budget=time_budget, max_trials=max_trials, memory_per_device=memory_per_device,
                              trial_timeout=trial_timeout, cache_dir=cache_dir, retune=retune,
                              user_config=user_config)
@@ -90,6 +93,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
             stages = _parse_stages((job.base_config.get("zero_optimization") or {}).get("stage"))
         job.stages = sorted(set(stages)) if stages is not None else list(STAGES)
         job.autotuning = self.tuning.autotuning_keys()
+        job.offload = self.tuning.offload
         job.cache_dir = str(self.tuning.cache_path())
         job.fingerprint = fingerprint(job, model, self)
 

@@ -23,6 +23,7 @@ class Tuning:
 
     autotune: bool = True
     stages: Any = None
+    offload: bool | None = None
     metric: str = "throughput"
     global_batch: int | None = None
     time_budget: float | str | None = None
@@ -111,7 +112,8 @@ class Tuning:
         tuner = Autotuner([script, *sys.argv[1:]], ds_config=job.tuning_config(), num_gpus=job.world_size,
                           lightning=job, results_dir=Path(job.cache_dir) / job.fingerprint,
                           budget=self.time_budget, memory_per_device=self.memory_per_device,
-                          trial_timeout=self.trial_timeout, overwrite=True if self.retune else None, on_event=printer)
+                          trial_timeout=self.trial_timeout, overwrite=True if self.retune else None, on_event=printer,
+                          offload=job.offload)
         printer.metric = tuner.request.autotuning.metric
         print_summary(tuner.tune(), printer.console)
 

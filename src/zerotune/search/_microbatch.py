@@ -27,12 +27,15 @@ Plan = Generator[Suggestion, TrialResult, None]
 class MicroBatchSearch(Searcher):
     def __init__(self, *, stages: list[int], candidates: list[int], global_batch: int | None, dp: int,
                  grad_accum: int, budget: int | None, metric: str, num_micro_batches: int,
-                 memory: MemoryModel, prune: dict[int, str] | None = None):
+                 memory: MemoryModel, prune: dict[int, str] | None = None,
+                 overrides: dict[int, tuple] | None = None):
+        """``overrides``: per stage, ds_config overrides every trial of that stage carries
+        (offload settings, for example)."""
         assert candidates, "candidates must be validated by the caller"
         self.stages, self.candidates = stages, sorted(candidates)
         self.global_batch, self.dp, self.default_gas = global_batch, dp, grad_accum
         self.budget, self.metric, self.num_micro_batches = budget, metric, num_micro_batches
-        self.memory, self.prune = memory, prune or {}
+        self.memory, self.prune, self.overrides = memory, prune or {}, overrides or {}
         self.results: list[TrialResult] = []
         self.notes: list[str] = []
         self._plan = self._run()
@@ -60,7 +63,7 @@ class MicroBatchSearch(Searcher):
     # -- plan ----------------------------------------------------------------------------------
     def spec(self, stage: int, mb: int) -> TrialSpec:
         gas = self.global_batch // (mb * self.dp) if self.global_batch else self.default_gas
-        return TrialSpec(stage=stage, micro_batch=mb, grad_accum=gas)
+        return TrialSpec(stage=stage, micro_batch=mb, grad_accum=gas, overrides=self.overrides.get(stage, ()))
 
     def _run(self) -> Plan:
         largest: dict[int, int] = {}
