@@ -124,11 +124,11 @@ def test_offload_is_searched_where_nothing_fits_without_it(tuner_factory, tmp_pa
     assert best["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
 
 
-def test_offload_not_searched_when_a_config_fits_or_when_refused(tuner_factory):
+def test_offload_not_searched_when_a_config_fits_or_when_refused(tuner_factory, tmp_path):
     from zerotune import NoFeasibleConfigError
 
     assert not any(t.spec.overrides for t in tuner_factory().tune().trials)
     with pytest.raises(NoFeasibleConfigError):
-        tuner_factory(memory="2GiB", offload=False, results_dir="r2").tune()
-    forced = tuner_factory(offload=True, results_dir="r3").tune()
+        tuner_factory(memory="2GiB", offload=False, results_dir=tmp_path / "r2").tune()
+    forced = tuner_factory(offload=True, results_dir=tmp_path / "r3").tune()
     assert any(t.spec.overrides for t in forced.trials) and any(not t.spec.overrides for t in forced.trials)

@@ -57,7 +57,7 @@ def collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | N
         result.memory_kind = present[0].get("memory_kind") or ""
         result.num_params = present[0].get("num_params")
     states = {r["state"] for r in present}
-    reasons = [r["reason"] for r in present if r.get("reason")]
+    reasons = list(dict.fromkeys(r["reason"] for r in present if r.get("reason")))  # each rank says the same
     if "oom" in states:
         result.state, result.reason = TrialState.OOM, next(r["reason"] for r in present if r["state"] == "oom")
         return result
