@@ -76,3 +76,17 @@ def test_script_too_short_to_measure(tmp_path):
     rank(tmp_path, 1, intervals=())
     r = run(tmp_path)
     assert r.state is TrialState.CRASHED and "let it train longer" in r.reason
+
+
+def test_deepspeed_shm_buffers_of_the_trial_are_removed(tmp_path):
+    import os
+
+    from zerotune.launch._local import remove_shm_buffers
+
+    uid = os.getuid()
+    ours = [tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_4100_{r}" for r in (0, 1)]
+    other = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_41000_0"  # another job's port
+    for p in [*ours, other]:
+        p.write_bytes(b"x")
+    assert remove_shm_buffers(4100, shm_dir=tmp_path) == 2
+    assert not any(p.exists() for p in ours) and other.exists()

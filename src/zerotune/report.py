@@ -141,7 +141,7 @@ def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str
     import time
 
     from .launch import ProcessGroup, launcher_argv, trial_env
-    from .launch._local import free_port
+    from .launch._local import free_port, remove_shm_buffers
 
     lightning = tuner.lightning is not None
     args = tuner.command.trial_args(None if lightning else str(config_path.resolve()),
@@ -151,11 +151,13 @@ def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str
                            "local_rank_arg": tuner.command.takes_local_rank(),
                            "lightning_config": str(config_path.resolve()) if lightning else None})
     env = trial_env(tuner.num_gpus, tuner.node.device, {**(extra_env or {}), "ZEROTUNE_PROBE": str(spec_path)})
-    group = ProcessGroup(launcher_argv(tuner.num_gpus, free_port()), env=env, log=None)
+    port = free_port()
+    group = ProcessGroup(launcher_argv(tuner.num_gpus, port), env=env, log=None)
     try:
         while group.proc.poll() is None:
             time.sleep(0.2)
     finally:
         group.kill()
+        remove_shm_buffers(port)
     sys.stdout.flush()
     return group.proc.returncode or 0

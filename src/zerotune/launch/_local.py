@@ -25,6 +25,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SHM_DIR = Path("/dev/shm")
+
+
+def remove_shm_buffers(port: int, addr: str = "127.0.0.1", shm_dir: Path = SHM_DIR) -> int:
+    """Remove the shared-memory allreduce buffers DeepSpeed's CPU backend made for the job on
+    ``addr:port``. DeepSpeed never unlinks them (about 66 MB per rank), so without this every
+    trial on CPU would leave them in /dev/shm until the machine runs out of memory."""
+    removed = 0
+    for path in shm_dir.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_*"):
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
 def trial_env(num_gpus: int, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a trial's processes. On CPU: DeepSpeed's CPU accelerator and one share
     of the cores per process, so that ranks do not fight over threads."""
@@ -94,7 +111,8 @@ class LocalLauncher(Launcher):
                             "grad_accum": job.spec.grad_accum}}
         write_json(d / "probe.json", probe)
         env = trial_env(job.num_gpus, self.device, {**job.env, "ZEROTUNE_PROBE": str(d / "probe.json")})
-        argv = launcher_argv(job.num_gpus, free_port())
+        port = free_port()
+        argv = launcher_argv(job.num_gpus, port)
         ranks_see = [job.script] + (["--local_rank=<rank>"] if job.local_rank_arg else []) + job.script_args
         (d / "cmd.txt").write_text(
             "# started as (the user's arguments are read from probe.json, never parsed by the launcher):\n"
@@ -119,6 +137,7 @@ class LocalLauncher(Launcher):
         finally:
             group.kill()
             self._running = None
+            remove_shm_buffers(port)
         return collect(spec=job.spec, trial_dir=d, world=job.num_gpus, returncode=group.proc.returncode,
                        timed_out=timed_out, timeout=job.timeout, wall_time=time.monotonic() - start,
                        budget=job.budget, min_steps=job.min_steps, rel_ci=job.rel_ci)
