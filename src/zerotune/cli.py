@@ -4,12 +4,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-USAGE = "zerotune {tune,run} [options] script.py [script args]   |   zerotune show RESULTS_DIR"
+USAGE = ("zerotune {tune,run} [options] script.py [script args]   |   zerotune show RESULTS_DIR   |   "
+         "zerotune estimate (--params N | --hf-config FILE | --factory MOD:FN) [options]")
 DESCRIPTION = """Find the fastest DeepSpeed configuration for a training script on this machine.
 
   tune   run short, measured trials of the script and write the best config
   run    tune, then train with the best config
   show   print the summary of a finished or interrupted tuning
+  estimate  predict memory per ZeRO stage and offload, and the largest micro-batch that fits
 
 The script's own arguments (everything from script.py on) are passed through untouched; they
 must name the ds_config with --deepspeed_config PATH (or --deepspeed PATH). Its "autotuning"
@@ -19,7 +21,7 @@ section is read with DeepSpeed's key names."""
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zerotune", usage=USAGE, description=DESCRIPTION, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["tune", "run", "show"])
+    p.add_argument("command", choices=["tune", "run", "show", "estimate"])
     p.add_argument("--num-gpus", "--num_gpus", type=int, default=None,
                    help="processes per node (GPUs; on CPU, processes). Default: all GPUs, or 1 on CPU")
     p.add_argument("--num-nodes", "--num_nodes", type=int, default=1, help="nodes (only 1 for now)")
@@ -57,15 +59,47 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return own, []
 
 
+def _estimate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="zerotune estimate", allow_abbrev=False,
+                                description="Predict per-device memory for each ZeRO stage and offload, and the "
+                                            "largest micro-batch that fits, without training.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--params", help="parameter count, e.g. 1.3B, 350M, 7e9")
+    src.add_argument("--hf-config", metavar="FILE", help="a Hugging Face style config.json")
+    src.add_argument("--factory", metavar="MOD:FN", help="module:function or file.py:function returning the model "
+                                                         "(built on the meta device)")
+    p.add_argument("--largest-layer", help="parameters of the largest layer, e.g. 50M (with --params)")
+    p.add_argument("--activation-per-sample", metavar="SIZE", help="activation bytes per sample, e.g. 300MB")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (with --hf-config)")
+    p.add_argument("--num-gpus", "--num_gpus", type=int, default=8, help="devices per node (default 8)")
+    p.add_argument("--num-nodes", "--num_nodes", type=int, default=1)
+    p.add_argument("--device-memory", default="80GB", metavar="SIZE", help="memory per device (default 80GB)")
+    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="bf16")
+    p.add_argument("--overhead", default="1GiB", metavar="SIZE",
+                   help="fixed runtime memory per device: CUDA context, allocator (default 1GiB)")
+    p.add_argument("--global-batch", type=int, default=None, help="micro-batches must divide its share per device")
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from ._errors import ZerotuneError
+
+    if argv[:1] == ["estimate"]:
+        args = _estimate_parser().parse_args(argv[1:])
+        try:
+            from .render import print_estimate
+
+            return print_estimate(args)
+        except ZerotuneError as e:
+            print(f"zerotune: error: {e}", file=sys.stderr)
+            return 2
     own, command = split_argv(argv)
     parser = _parser()
     if own and own[0] == "show":
         parser.add_argument("results_dir")
     args = parser.parse_args(own)
-    from ._errors import ZerotuneError
-
     try:
         if args.command == "show":
             from .render import print_summary
