@@ -100,8 +100,9 @@ def test_crashing_stage_does_not_stop_the_tuning(tuner_factory):
 
 def test_nothing_fits_is_a_clear_error_and_keeps_trials(tuner_factory, tmp_path):
     with pytest.raises(NoFeasibleConfigError, match="no configuration ran successfully"):
-        tuner_factory(memory="1GiB").tune()
+        tuner_factory(memory="300MiB").tune()  # not even with offload (a quarter of 2000 MiB stays)
     assert list((tmp_path / "results").glob("*/result.json"))
+    assert any("oo=cpu" in p.parent.name for p in (tmp_path / "results").glob("*/result.json"))
 
 
 def test_trial_cap(tuner_factory):
@@ -139,3 +140,14 @@ def test_why_lost_names_the_real_reason(tuner_factory):
                                    "train_micro_batch_size_per_gpu": 8}).tune()
     (loser,) = [t for t in result.trials if t is not result.best]
     assert "which measured better" in result.why_lost(loser)
+
+
+def test_sizes_predicted_not_to_fit_are_recorded_as_pruned_not_launched(tuner_factory):
+    tuner = tuner_factory(memory="4GiB")  # stage 3: 2000 MiB + 100 MiB per sample fits up to 20
+    result = tuner.tune()
+    pruned = [t for t in result.trials if t.state is TrialState.PRUNED and t.reason.startswith("predicted")]
+    assert pruned and all("> budget 4.00 GiB" in t.reason for t in pruned)
+    launched = {j.spec.name for j in tuner.launcher.jobs}
+    assert not launched & {t.name for t in pruned}
+    for t in pruned:  # each really would not have fit
+        assert tuner.launcher.machine.peak(t.spec) > 4 * 1024**3

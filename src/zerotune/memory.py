@@ -1,27 +1,24 @@
-"""Peak memory per rank as a function of the micro-batch, fitted from trials.
+"""Peak memory per rank as a function of the micro-batch, calibrated from trials.
 
 peak(mb) = static + per_sample * mb, per stage. ``static`` is what the rank holds before the
 first forward (model states, buffers, runtime); ``per_sample`` is activation memory growth.
-A stage never measured borrows another stage's fit, moving its static part by the difference of
-ZeRO model-state bytes between the two stages.
+A stage with trials gets its own fit. A stage never measured gets the analytic terms of
+:mod:`memory_terms` (model states, ZeRO buffers, offload) plus what the measured stages say
+the model leaves out: the fixed overhead and activations per sample, fitted from their residuals.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from .memory_terms import MemorySetup, estimate
 from .trial import TrialResult, TrialState
 
 
-def model_state_bytes(stage: int, num_params: int, dp: int, *, mixed_precision: bool) -> float:
-    """Parameters, gradients and Adam states held by one rank (DeepSpeed's ZeRO paper terms)."""
-    p, g, o = (2, 2, 12) if mixed_precision else (4, 4, 8)
-    if stage >= 1:
-        o /= dp
-    if stage >= 2:
-        g /= dp
-    if stage >= 3:
-        p /= dp
-    return (p + g + o) * num_params
+def model_states(setup: MemorySetup) -> float:
+    """Device bytes of model states and ZeRO buffers alone (no activations, no overhead)."""
+    b = estimate(setup, 0)
+    return b.device_total - b.device["overhead"] - b.device["activations"]
 
 
 @dataclass
@@ -44,11 +41,18 @@ class LinearFit:
 
 
 class MemoryModel:
-    """Collects per-rank peaks from trials and predicts peaks of untried micro-batches."""
+    """Collects per-rank peaks from trials and predicts peaks of untried micro-batches.
 
-    def __init__(self, *, dp: int, mixed_precision: bool):
+    ``setup_for(stage, num_params)`` gives the analytic setup of a stage (precision, offload,
+    buckets from the user's config); default: Adam in fp32 (or mixed when ``mixed_precision``)."""
+
+    def __init__(self, *, dp: int, mixed_precision: bool,
+                 setup_for: Callable[[int, int], MemorySetup] | None = None):
         self.dp = dp
         self.mixed_precision = mixed_precision
+        self.setup_for = setup_for or (lambda stage, n: MemorySetup(
+            num_params=n, dp=dp, stage=stage, precision="bf16" if mixed_precision else "fp32",
+            reduce_bucket_size=0, allgather_bucket_size=0, prefetch_bucket_size=0))
         self.points: dict[int, list[Point]] = {}
         self.num_params: int | None = None
 
@@ -63,14 +67,28 @@ class MemoryModel:
         pts = self.points.get(stage)
         if pts:
             return _fit(pts)
-        for other, other_pts in sorted(self.points.items(), key=lambda kv: abs(kv[0] - stage)):
-            base = _fit(other_pts)
-            if self.num_params is None:
-                return base
-            shift = (model_state_bytes(stage, self.num_params, self.dp, mixed_precision=self.mixed_precision)
-                     - model_state_bytes(other, self.num_params, self.dp, mixed_precision=self.mixed_precision))
-            return LinearFit(base.static + shift, base.per_sample, base.exact)
-        return None
+        if not self.points:
+            return None
+        if self.num_params is None:  # no parameter count: the nearest measured stage as it is
+            return _fit(min(self.points.items(), key=lambda kv: abs(kv[0] - stage))[1])
+        states = {s: model_states(self.setup_for(s, self.num_params)) for s in [*self.points, stage]}
+        # What the analytic terms leave out (overhead, activations), from every measured stage.
+        residual = [Point(p.micro_batch, int(p.peak - states[s]), int(p.static - states[s]))
+                    for s, pts in self.points.items() for p in pts]
+        base = _fit(residual)
+        return LinearFit(base.static + states[stage], base.per_sample, base.exact)
+
+    def calibration(self) -> dict[str, float] | None:
+        """Overhead and activations per sample fitted so far, with the spread of the residuals."""
+        if not self.points or self.num_params is None:
+            return None
+        pts = [(s, p) for s, ps in self.points.items() for p in ps]
+        states = {s: model_states(self.setup_for(s, self.num_params)) for s, _ in pts}
+        base = _fit([Point(p.micro_batch, int(p.peak - states[s]), int(p.static - states[s])) for s, p in pts])
+        errors = [p.peak - (states[s] + base.predict(p.micro_batch)) for s, p in pts]
+        spread = (sum(e * e for e in errors) / max(1, len(errors) - 2)) ** 0.5 if len(errors) > 2 else None
+        return {"overhead": base.static, "activation_per_sample": base.per_sample,
+                "residual_std": spread if spread is not None else float("nan")}
 
 
 def _fit(pts: list[Point]) -> LinearFit:

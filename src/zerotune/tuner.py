@@ -15,6 +15,7 @@ from .config import TuningRequest, load_ds_config, parse_request
 from .launch import Launcher, LocalLauncher, TrialJob
 from .lightning_job import LightningJob, inspect_script, lightning_form, looks_like_lightning
 from .memory import MemoryModel
+from .memory_terms import MemorySetup
 from .ranking import choose_best
 from .result import TuningResult
 from .search import MicroBatchSearch, Searcher
@@ -178,8 +179,34 @@ class Autotuner:
             stages=self.request.stages, candidates=self.candidates(), global_batch=self.request.global_batch,
             dp=self.dp, grad_accum=gas if isinstance(gas, int) and gas >= 1 else 1, budget=self.budget,
             metric=at.metric, num_micro_batches=at.num_tuning_micro_batch_sizes,
-            memory=MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision),
-            prune=invalid_stages(self.request.base_config, self.request.stages))
+            memory=self._memory_model(), prune=invalid_stages(self.request.base_config, self.request.stages))
+
+    def _memory_model(self, overrides: dict[int, tuple] | None = None) -> MemoryModel:
+        """The memory model for this config: its precision, ZeRO buckets and offload per stage."""
+        cfg = self.request.base_config
+        zero = cfg.get("zero_optimization") or {}
+        precision = next((k for k in ("bf16", "fp16") if (cfg.get(k) or {}).get("enabled")), "fp32")
+
+        def number(key: str, default: float) -> float:
+            value = zero.get(key)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+        def device(block: str, stage: int) -> str:
+            forced = dict((overrides or {}).get(stage, ()))
+            value = forced.get(f"zero_optimization.{block}.device") or (zero.get(block) or {}).get("device", "none")
+            return value if value in ("cpu", "nvme") else "none"
+
+        def setup_for(stage: int, num_params: int) -> MemorySetup:
+            return MemorySetup(
+                num_params=num_params, dp=self.dp, mp=self.request.autotuning.mp_size, precision=precision,
+                stage=stage, offload_optimizer=device("offload_optimizer", stage) if stage >= 1 else "none",
+                offload_param=device("offload_param", stage) if stage == 3 else "none",
+                reduce_bucket_size=number("reduce_bucket_size", 5e8),
+                allgather_bucket_size=number("allgather_bucket_size", 5e8),
+                overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
+                prefetch_bucket_size=number("stage3_prefetch_bucket_size", 5e7))
+
+        return MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision, setup_for=setup_for)
 
     def _offload_searcher(self, trials: list[TrialResult]) -> Searcher | None:
         """Offload to CPU where needed (``offload`` None: only when nothing fit without it), or
@@ -204,7 +231,7 @@ class Autotuner:
         return MicroBatchSearch(
             stages=stages, candidates=self.candidates(), global_batch=self.request.global_batch, dp=self.dp,
             grad_accum=1, budget=self.budget, metric=at.metric, num_micro_batches=at.num_tuning_micro_batch_sizes,
-            memory=MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision), overrides=overrides)
+            memory=self._memory_model(overrides), overrides=overrides)
 
     # -- the loop ------------------------------------------------------------------------------
     def tune(self) -> TuningResult:

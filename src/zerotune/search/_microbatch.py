@@ -13,6 +13,7 @@ from collections.abc import Generator
 from ..memory import MemoryModel
 from ..ranking import choose_best, clearly_worse
 from ..trial import TrialResult, TrialSpec, TrialState
+from ..units import format_size
 from ._base import Searcher, Suggestion
 
 SAFETY = 0.95
@@ -122,7 +123,12 @@ class MicroBatchSearch(Searcher):
                 continue
             target = self._largest_predicted(open_range, fit, exact=fit.exact)
             if target is None:
-                break  # the fit says nothing larger fits: trust it rather than spend an OOM trial
+                # The fit says nothing larger fits: trust it rather than spend an OOM trial, and
+                # record the next size up as pruned, with the prediction.
+                nxt = open_range[0]
+                yield Suggestion(self.spec(stage, nxt), f"predicted {format_size(fit.predict(nxt))} > budget "
+                                                        f"{format_size(self.budget)}")
+                break
             mb = target
         if ok_max is None:
             self.notes.append(f"stage {stage}: no micro-batch in {self.candidates} fits the budget")
