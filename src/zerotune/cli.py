@@ -63,7 +63,7 @@ def _estimate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zerotune estimate", allow_abbrev=False,
                                 description="Predict per-device memory for each ZeRO stage and offload, and the "
                                             "largest micro-batch that fits, without training.")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--params", help="parameter count, e.g. 1.3B, 350M, 7e9")
     src.add_argument("--hf-config", metavar="FILE", help="a Hugging Face style config.json")
     src.add_argument("--factory", metavar="MOD:FN", help="module:function or file.py:function returning the model "
@@ -75,10 +75,15 @@ def _estimate_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-nodes", "--num_nodes", type=int, default=1)
     p.add_argument("--device-memory", default="80GB", metavar="SIZE", help="memory per device (default 80GB)")
     p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="bf16")
-    p.add_argument("--overhead", default="1GiB", metavar="SIZE",
-                   help="fixed runtime memory per device: CUDA context, allocator (default 1GiB)")
+    p.add_argument("--overhead", default=None, metavar="SIZE",
+                   help="fixed runtime memory per device: CUDA context, allocator (default: measured with "
+                        "--profile, else 1GiB)")
     p.add_argument("--global-batch", type=int, default=None, help="micro-batches must divide its share per device")
     p.add_argument("--json", action="store_true", help="print JSON for machines")
+    p.add_argument("--profile", action="store_true",
+                   help="last option: --profile script.py [script args] runs one short real trial of the script "
+                        "(one process, with its --deepspeed_config) to measure parameters, activations per sample "
+                        "and overhead first")
     return p
 
 
@@ -87,7 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     from ._errors import ZerotuneError
 
     if argv[:1] == ["estimate"]:
-        args = _estimate_parser().parse_args(argv[1:])
+        own = argv[1:]
+        command = []
+        if "--profile" in own:  # everything after it is the user's command, untouched
+            i = own.index("--profile")
+            own, command = own[:i + 1], own[i + 1:]
+        args = _estimate_parser().parse_args(own)
+        args.command = command
         try:
             from .render import print_estimate
 

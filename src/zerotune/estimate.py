@@ -128,3 +128,41 @@ def table(size: ModelSize, *, dp: int, precision: str, device_memory: int, overh
                      "breakdown": b.device, "host_breakdown": b.host,
                      "largest_micro_batch": fits if size.activation_per_sample is not None or fits is None else "?"})
     return rows
+
+
+def profile(command: list[str], *, num_gpus: int, results_dir: Path, precision: str) -> tuple[ModelSize, float]:
+    """One short real trial of ``command`` (at its ds_config's first stage and smallest micro-batch):
+    the parameter count, activations per sample and fixed overhead it measures."""
+    from .memory import model_states
+    from .memory_terms import MemorySetup
+    from .search import Searcher, Suggestion
+    from .trial import TrialSpec, TrialState
+    from .tuner import Autotuner
+
+    class OneTrial(Searcher):
+        def __init__(self):
+            self.spec: TrialSpec | None = None
+            self.done = False
+
+        def suggest(self):
+            return None if self.done else Suggestion(self.spec)
+
+        def observe(self, result):
+            self.done = True
+
+    searcher = OneTrial()
+    tuner = Autotuner(command, num_gpus=num_gpus, results_dir=results_dir, searcher=searcher, overwrite=True)
+    stage = tuner.request.stages[0]
+    mb = tuner.candidates()[0]
+    gas = tuner.request.global_batch // (mb * tuner.dp) if tuner.request.global_batch else 1
+    searcher.spec = TrialSpec(stage=stage, micro_batch=mb, grad_accum=gas)
+    result = tuner.tune().trials[0]
+    if result.state is not TrialState.OK or not result.static_memory or not result.num_params:
+        raise ConfigError(f"the profiling trial {result.name} ended {result.state.value}: {result.reason}; "
+                          f"see {results_dir}")
+    peak, static = result.max_peak, max(result.static_memory)
+    states = model_states(MemorySetup(num_params=result.num_params, dp=tuner.dp, stage=stage, precision=precision,
+                                      reduce_bucket_size=0, allgather_bucket_size=0, prefetch_bucket_size=0))
+    size = ModelSize(num_params=result.num_params, activation_per_sample=max(0.0, (peak - static) / mb),
+                     source=f"profiled: {result.name} of {command[0]} on {num_gpus} {tuner.node.device} process(es)")
+    return size, max(0.0, static - states)

@@ -69,7 +69,19 @@ def print_estimate(args) -> int:
     for name in ("num_gpus", "num_nodes"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-    if args.params:
+    measured_overhead = None
+    if args.profile:
+        import tempfile
+        from pathlib import Path
+
+        from .estimate import profile
+
+        if not args.command:
+            raise ConfigError("--profile needs the script after it: --profile train.py --deepspeed_config ds.json")
+        out = Path(tempfile.mkdtemp(prefix="zerotune-profile-"))
+        size, measured_overhead = profile(args.command, num_gpus=1, results_dir=out,
+                                          precision=args.precision)
+    elif args.params:
         from .estimate import ModelSize
 
         size = ModelSize(num_params=parse_count(args.params, what="--params"), source=f"--params {args.params}")
@@ -79,12 +91,18 @@ def print_estimate(args) -> int:
                 raise ConfigError("--largest-layer cannot exceed --params")
     elif args.hf_config:
         size = from_hf_config(args.hf_config, args.seq_len)
-    else:
+    elif args.factory:
         size = from_factory(args.factory)
+    else:
+        raise ConfigError("give the model's size: --params 1.3B, --hf-config config.json, --factory module:function "
+                          "or --profile script.py ...")
     if args.activation_per_sample:
         size.activation_per_sample = parse_size(args.activation_per_sample, what="--activation-per-sample")
     device_memory = parse_size(args.device_memory, what="--device-memory")
-    overhead = parse_size(args.overhead, what="--overhead")
+    if args.overhead is not None:
+        overhead = parse_size(args.overhead, what="--overhead")
+    else:
+        overhead = int(measured_overhead) if measured_overhead is not None else 1024**3
     dp = args.num_gpus * args.num_nodes
     candidates = [2**i for i in range(11)]
     if args.global_batch is not None:

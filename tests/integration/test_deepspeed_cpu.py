@@ -167,3 +167,15 @@ def test_python_api_with_a_function_entry_point(tmp_path):
     assert result.best.state is TrialState.OK and result.best.name == "z2_mb4_gas1"
     assert [e.kind for e in events if e.kind in ("started", "finished")] == ["started", "finished"]
     assert tuner.run_after_tuning() == 0
+
+
+def test_estimate_profiles_the_script_first(tmp_path, capsys):
+    from zerotune.cli import main
+
+    rc = main(["estimate", "--num-gpus", "2", "--device-memory", "4GB", "--precision", "fp32", "--json",
+               "--profile", str(GPT), "--model", "tiny", "--deepspeed_config", str(config(tmp_path))])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["model"]["source"].startswith("profiled: z1_mb8")
+    assert out["model"]["num_params"] > 100_000 and out["model"]["activation_per_sample"] > 0
+    assert all(isinstance(r["largest_micro_batch"], int) for r in out["rows"])  # activations known: a number
+    assert out["rows"][0]["breakdown"]["overhead"] > 50 * 2**20  # the process itself, measured
