@@ -3,7 +3,8 @@ zerotune's prediction and DeepSpeed's own estimate, for stages 0-3 x micro-batch
 
 Every configuration runs as a real trial (zerotune's launcher and probe; on CPU the peak is the
 rank's peak RSS). For each stage / offload variant, zerotune's model is calibrated only from the
-trials of the two smallest micro-batches; the larger ones are held out and predicted. DeepSpeed's
+first two trials in the order zerotune's search runs them (the geometric middle of the range, then
+the jump to the largest), and every other micro-batch is held out and predicted. DeepSpeed's
 estimate for the same configuration: ``estimate_zero2/3_model_states_mem_needs`` for stages 2-3
 (with offload, device plus the host share of one rank, since on CPU both are the same memory), and
 its autotuner's model-state formula for stages 0-1; neither counts activations or the runtime.
@@ -101,7 +102,9 @@ def main() -> None:
                                reduce_bucket_size=5e8, allgather_bucket_size=5e8, prefetch_bucket_size=5e7)
 
         model = MemoryModel(dp=2, mixed_precision=False, setup_for=setup_for)
-        for i, mb in enumerate(mbs):
+        middle = mbs[len(mbs) // 2]
+        order = [middle, mbs[-1]] + [m for m in mbs if m not in (middle, mbs[-1])]
+        for i, mb in enumerate(order):
             name = f"z{stage}_mb{mb}" + ("_oo=cpu" if off_opt != "none" else "") + ("_op=cpu" if off_param != "none"
                                                                                   else "")
             result = run_trial(ds_config(stage, mb, off_opt, off_param), name, out, args)

@@ -1,5 +1,8 @@
 """AutotuneDeepSpeedStrategy's decisions in one process (no training): what a fit asks for, the
 fingerprint, applying a tuned config, the cache and the torchrun/SLURM case."""
+import json
+from pathlib import Path
+
 import pytest
 
 L = pytest.importorskip("lightning")
@@ -124,3 +127,22 @@ def test_autotune_can_be_switched_off(tmp_path, monkeypatch):
     assert not AutotuneDeepSpeedStrategy().tuning.active()
     with pytest.raises(ConfigError, match="metric"):
         AutotuneDeepSpeedStrategy(metric="speed")
+
+
+def test_retune_tunes_again_despite_a_cached_result(tmp_path, monkeypatch):
+    from zerotune.lightning._tuning import Tuning
+
+    config = {"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 8, "train_batch_size": 16}
+    tuned = []
+
+    def fake_tune(self, job):  # stands in for the trials: writes what a tuning writes
+        tuned.append(job.fingerprint)
+        (Path(job.cache_dir) / job.fingerprint).mkdir(parents=True, exist_ok=True)
+        (Path(job.cache_dir) / job.fingerprint / "tuned.json").write_text(json.dumps(
+            {"best": f"run{len(tuned)}", "config": config, "results_dir": str(tmp_path / "none")}))
+
+    monkeypatch.setattr(Tuning, "_tune", fake_tune)
+    for retune, expect in ((False, 1), (False, 1), (True, 2)):
+        t = trainer(tmp_path, retune=retune)
+        t.strategy.tuning.resolve(t.strategy, t, Model(), Data(), None, can_tune=True, required=True)
+        assert len(tuned) == expect and t.strategy.tuning.entry["best"] == f"run{expect}"

@@ -118,7 +118,7 @@ def load_ds_config(source: str | Path | dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _parse_stages(value: Any) -> list[int]:
+def parse_stages(value: Any) -> list[int]:
     if value is None or value == "all":
         return list(STAGES)
     values = value if isinstance(value, list) else [value]
@@ -151,7 +151,7 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int) -> TuningReques
     zero = config.get("zero_optimization", {})
     if not isinstance(zero, dict):
         raise ConfigError("zero_optimization: must be a JSON object {...}")
-    stages = _parse_stages(zero.get("stage"))
+    stages = parse_stages(zero.get("stage"))
     micro_batches = _parse_micro_batches(config.get("train_micro_batch_size_per_gpu"))
     if world_size % at.mp_size:
         raise ConfigError(f"autotuning.mp_size ({at.mp_size}) does not divide the {world_size} processes; "

@@ -23,7 +23,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from ..config import STAGES
+from ..config import STAGES, parse_stages
 from ..lightning_job import is_tuned_config
 from ._tuning import TuneFirstLauncher, Tuning
 
@@ -88,9 +88,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
 
         stages = self.tuning.stages
         if stages is None and self.tuning.user_config:
-            from ..config import _parse_stages
-
-            stages = _parse_stages((job.base_config.get("zero_optimization") or {}).get("stage"))
+            stages = parse_stages((job.base_config.get("zero_optimization") or {}).get("stage"))
         job.stages = sorted(set(stages)) if stages is not None else list(STAGES)
         job.autotuning = self.tuning.autotuning_keys()
         job.offload = self.tuning.offload
