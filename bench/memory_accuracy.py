@@ -9,7 +9,7 @@ estimate for the same configuration: ``estimate_zero2/3_model_states_mem_needs``
 (with offload, device plus the host share of one rank, since on CPU both are the same memory), and
 its autotuner's model-state formula for stages 0-1; neither counts activations or the runtime.
 
-    python bench/memory_accuracy.py [--model small] [--micro-batches 2,4,8,16,32]
+    python bench/memory_accuracy.py [--model small] [--micro-batches 2,4,6,8,16,32]
 
 Last line: memory_accuracy: median_err=<pct> max_err=<pct> deepspeed_median_err=<pct> n=<count>
 """
@@ -80,7 +80,7 @@ def deepspeed_estimate(stage: int, off_opt: str, off_param: str, num_params: int
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="small", choices=["tiny", "small", "medium"])
-    p.add_argument("--micro-batches", default="2,4,8,16,32")
+    p.add_argument("--micro-batches", default="2,4,6,8,16,32")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "memory_accuracy"))
     args = p.parse_args()
     os.environ["DS_ACCELERATOR"] = "cpu"
