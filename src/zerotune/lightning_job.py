@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -16,8 +17,6 @@ from typing import Any
 
 from ._errors import ConfigError, LaunchError
 
-LIGHTNING_FORM_DROPS = ("gradient_accumulation_steps",)
-"""Keys Lightning's DeepSpeedStrategy refuses in a config (it sets them from the Trainer)."""
 BATCH_KEYS = ("gradient_accumulation_steps", "train_batch_size", "train_micro_batch_size_per_gpu")
 INSPECT = "inspect.json"
 
@@ -93,8 +92,7 @@ def lightning_form(config: dict[str, Any]) -> dict[str, Any]:
     """A tuned config that Lightning's DeepSpeedStrategy accepts: no gradient_accumulation_steps
     (the Trainer's accumulate_grad_batches sets it); train_batch_size stays, so DeepSpeed checks
     that micro-batch x accumulation x processes still gives the tuned global batch."""
-    out = {k: v for k, v in config.items() if k not in LIGHTNING_FORM_DROPS}
-    return out
+    return {k: v for k, v in config.items() if k != "gradient_accumulation_steps"}
 
 
 def is_tuned_config(config: dict[str, Any]) -> bool:
@@ -168,8 +166,6 @@ CACHE_FILE = "tuned.json"
 def default_cache_dir() -> Path:
     """$ZEROTUNE_CACHE_DIR, else $XDG_CACHE_HOME/zerotune/lightning (~/.cache/zerotune/lightning):
     results depend on this machine's hardware, so they are kept per user and machine."""
-    import os
-
     if os.environ.get("ZEROTUNE_CACHE_DIR"):
         return Path(os.environ["ZEROTUNE_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -78,18 +78,6 @@ class MemoryModel:
         base = _fit(residual)
         return LinearFit(base.static + states[stage], base.per_sample, base.exact)
 
-    def calibration(self) -> dict[str, float] | None:
-        """Overhead and activations per sample fitted so far, with the spread of the residuals."""
-        if not self.points or self.num_params is None:
-            return None
-        pts = [(s, p) for s, ps in self.points.items() for p in ps]
-        states = {s: model_states(self.setup_for(s, self.num_params)) for s, _ in pts}
-        base = _fit([Point(p.micro_batch, int(p.peak - states[s]), int(p.static - states[s])) for s, p in pts])
-        errors = [p.peak - (states[s] + base.predict(p.micro_batch)) for s, p in pts]
-        spread = (sum(e * e for e in errors) / max(1, len(errors) - 2)) ** 0.5 if len(errors) > 2 else None
-        return {"overhead": base.static, "activation_per_sample": base.per_sample,
-                "residual_std": spread if spread is not None else float("nan")}
-
 
 def _fit(pts: list[Point]) -> LinearFit:
     mbs = {p.micro_batch for p in pts}
