@@ -26,6 +26,15 @@ MAX_PARAMS = 10**14  # beyond any model trained today: a typo, not a model
 
 
 @dataclass(kw_only=True)
+class Estimate:
+    size: "ModelSize"
+    rows: list[dict[str, Any]]
+    devices: int
+    device_memory: int
+    overhead: int
+
+
+@dataclass(kw_only=True)
 class ModelSize:
     num_params: int
     largest_layer: int | None = None
@@ -166,3 +175,50 @@ def profile(command: list[str], *, num_gpus: int, results_dir: Path, precision: 
     size = ModelSize(num_params=result.num_params, activation_per_sample=max(0.0, (peak - static) / mb),
                      source=f"profiled: {result.name} of {command[0]} on {num_gpus} {tuner.node.device} process(es)")
     return size, max(0.0, static - states)
+
+
+def from_args(args) -> Estimate:
+    """The predictions `zerotune estimate` asks for, from its parsed options."""
+    from .units import parse_size
+
+    for name in ("num_gpus", "num_nodes"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    measured_overhead = None
+    if args.profile:
+        import tempfile
+
+        if not args.command:
+            raise ConfigError("--profile needs the script after it: --profile train.py --deepspeed_config ds.json")
+        out = Path(tempfile.mkdtemp(prefix="zerotune-profile-"))
+        size, measured_overhead = profile(args.command, num_gpus=1, results_dir=out,
+                                          precision=args.precision)
+    elif args.params:
+        size = ModelSize(num_params=parse_count(args.params, what="--params"), source=f"--params {args.params}")
+        if args.largest_layer:
+            size.largest_layer = parse_count(args.largest_layer, what="--largest-layer")
+            if size.largest_layer > size.num_params:
+                raise ConfigError("--largest-layer cannot exceed --params")
+    elif args.hf_config:
+        size = from_hf_config(args.hf_config, args.seq_len)
+    elif args.factory:
+        size = from_factory(args.factory)
+    else:
+        raise ConfigError("give the model's size: --params 1.3B, --hf-config config.json, --factory module:function "
+                          "or --profile script.py ...")
+    if args.activation_per_sample:
+        size.activation_per_sample = parse_size(args.activation_per_sample, what="--activation-per-sample")
+    device_memory = parse_size(args.device_memory, what="--device-memory")
+    if args.overhead is not None:
+        overhead = parse_size(args.overhead, what="--overhead")
+    else:
+        overhead = int(measured_overhead) if measured_overhead is not None else 1024**3
+    dp = args.num_gpus * args.num_nodes
+    candidates = [2**i for i in range(11)]
+    if args.global_batch is not None:
+        if args.global_batch < 1 or args.global_batch % dp:
+            raise ConfigError(f"--global-batch {args.global_batch} must be a positive multiple of the {dp} devices")
+        candidates = [c for c in range(1, args.global_batch // dp + 1) if (args.global_batch // dp) % c == 0]
+    rows = table(size, dp=dp, precision=args.precision, device_memory=device_memory, overhead=overhead,
+                 candidates=candidates, processes_per_node=args.num_gpus)
+    return Estimate(size=size, rows=rows, devices=dp, device_memory=device_memory, overhead=overhead)

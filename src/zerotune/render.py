@@ -62,67 +62,22 @@ def print_estimate(args) -> int:
     """`zerotune estimate`: the table (or JSON) of stage x offload predictions."""
     import json
 
-    from ._errors import ConfigError
-    from .estimate import from_factory, from_hf_config, parse_count, table
-    from .units import parse_size
+    from .estimate import from_args
 
-    for name in ("num_gpus", "num_nodes"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-    measured_overhead = None
-    if args.profile:
-        import tempfile
-        from pathlib import Path
-
-        from .estimate import profile
-
-        if not args.command:
-            raise ConfigError("--profile needs the script after it: --profile train.py --deepspeed_config ds.json")
-        out = Path(tempfile.mkdtemp(prefix="zerotune-profile-"))
-        size, measured_overhead = profile(args.command, num_gpus=1, results_dir=out,
-                                          precision=args.precision)
-    elif args.params:
-        from .estimate import ModelSize
-
-        size = ModelSize(num_params=parse_count(args.params, what="--params"), source=f"--params {args.params}")
-        if args.largest_layer:
-            size.largest_layer = parse_count(args.largest_layer, what="--largest-layer")
-            if size.largest_layer > size.num_params:
-                raise ConfigError("--largest-layer cannot exceed --params")
-    elif args.hf_config:
-        size = from_hf_config(args.hf_config, args.seq_len)
-    elif args.factory:
-        size = from_factory(args.factory)
-    else:
-        raise ConfigError("give the model's size: --params 1.3B, --hf-config config.json, --factory module:function "
-                          "or --profile script.py ...")
-    if args.activation_per_sample:
-        size.activation_per_sample = parse_size(args.activation_per_sample, what="--activation-per-sample")
-    device_memory = parse_size(args.device_memory, what="--device-memory")
-    if args.overhead is not None:
-        overhead = parse_size(args.overhead, what="--overhead")
-    else:
-        overhead = int(measured_overhead) if measured_overhead is not None else 1024**3
-    dp = args.num_gpus * args.num_nodes
-    candidates = [2**i for i in range(11)]
-    if args.global_batch is not None:
-        if args.global_batch < 1 or args.global_batch % dp:
-            raise ConfigError(f"--global-batch {args.global_batch} must be a positive multiple of the {dp} devices")
-        candidates = [c for c in range(1, args.global_batch // dp + 1) if (args.global_batch // dp) % c == 0]
-    rows = table(size, dp=dp, precision=args.precision, device_memory=device_memory, overhead=overhead,
-                 candidates=candidates, processes_per_node=args.num_gpus)
+    est = from_args(args)
+    size, dp, device_memory, overhead = est.size, est.devices, est.device_memory, est.overhead
     if args.json:
         print(json.dumps({"model": {"num_params": size.num_params, "largest_layer": size.largest_layer,
                                     "activation_per_sample": size.activation_per_sample, "source": size.source},
                           "devices": dp, "device_memory": device_memory, "precision": args.precision,
-                          "rows": rows}, indent=2))
+                          "rows": est.rows}, indent=2))
         return 0
     console = Console(highlight=False)
     t = Table(title=f"zerotune estimate: {size.num_params / 1e9:.3g}B parameters, {dp} devices "
                     f"({args.num_nodes} node(s)), {args.precision}, {format_size(device_memory)} per device")
     for col in ("stage", "offload", "device (mb 1)", "host per node", "largest micro-batch"):
         t.add_column(col)
-    for r in rows:
+    for r in est.rows:
         off = "+".join(n for n, v in (("optimizer", r["offload_optimizer"]), ("params", r["offload_param"]))
                        if v != "none") or "none"
         fits = r["largest_micro_batch"]
