@@ -4,7 +4,9 @@ zerotune's prediction and DeepSpeed's own estimate, for stages 0-3 x micro-batch
 Every configuration runs as a real trial (zerotune's launcher and probe; on CPU the peak is the
 rank's peak RSS). For each stage / offload variant, zerotune's model is calibrated only from the
 first two trials in the order zerotune's search runs them (the geometric middle of the range, then
-the jump to the largest), and every other micro-batch is held out and predicted. DeepSpeed's
+the jump to the largest), and every other micro-batch is held out and predicted. It also counts
+how many held-out peaks lie under the prediction plus its uncertainty margin, the limit the search
+keeps under the budget. ``--reuse`` recomputes from the trials an earlier run left. DeepSpeed's
 estimate for the same configuration: ``estimate_zero2/3_model_states_mem_needs`` for stages 2-3
 (with offload, device plus the host share of one rank, since on CPU both are the same memory), and
 its autotuner's model-state formula for stages 0-1; neither counts activations or the runtime.
@@ -43,10 +45,17 @@ def run_trial(cfg: dict, name: str, out: Path, args):
     from zerotune.trial import TrialSpec, TrialState
 
     d = out / name
+    spec = TrialSpec(stage=cfg["zero_optimization"]["stage"], micro_batch=cfg["train_micro_batch_size_per_gpu"])
+    if args.reuse and (d / "rank1.json").exists():  # measured by an earlier run: recompute the figures only
+        from zerotune.launch._collect import collect
+
+        result = collect(spec=spec, trial_dir=d, world=2, returncode=0, timed_out=False, timeout=600, wall_time=0,
+                         budget=None, min_steps=3, rel_ci=0.5)
+        if result.state is TrialState.OK:
+            return result
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     (d / "ds_config.json").write_text(json.dumps(cfg))
-    spec = TrialSpec(stage=cfg["zero_optimization"]["stage"], micro_batch=cfg["train_micro_batch_size_per_gpu"])
     job = TrialJob(spec=spec, trial_dir=d, script=str(ROOT / "examples" / "gpt.py"),
                    script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
                    local_rank_arg=True, num_gpus=2, budget=None, warmup_steps=2, min_steps=3, max_seconds=3.0,
@@ -82,6 +91,7 @@ def main() -> None:
     p.add_argument("--model", default="small", choices=["tiny", "small", "medium"])
     p.add_argument("--micro-batches", default="2,4,6,8,16,32")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "memory_accuracy"))
+    p.add_argument("--reuse", action="store_true", help="reuse trials an earlier run left in --out")
     args = p.parse_args()
     os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -93,7 +103,7 @@ def main() -> None:
         sys.exit("give at least 3 micro-batches: 2 calibrate, the rest are held out")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, ours, theirs = [], [], []
+    rows, ours, theirs, covered = [], [], [], []
     print(f"model {args.model}, 2 CPU processes, micro-batches {mbs}; trials in {out}", flush=True)
     print(f"{'config':28} {'measured':>10} {'zerotune':>10} {'err':>7} {'deepspeed':>10} {'err':>7}", flush=True)
     for stage, off_opt, off_param in VARIANTS:
@@ -113,7 +123,9 @@ def main() -> None:
                 model.observe(result)
                 print(f"{name:28} {measured / 2**20:9.0f}M {'(calibration)':>18}", flush=True)
                 continue
-            predicted = model.fit(stage).predict(mb)
+            fit = model.fit(stage)
+            predicted = fit.predict(mb)
+            covered.append(measured <= fit.upper(mb))
             ds = deepspeed_estimate(stage, off_opt, off_param, result.num_params, result.num_params // 10, 2)
             err, ds_err = abs(predicted - measured) / measured, abs(ds - measured) / measured
             ours.append(err)
@@ -122,6 +134,8 @@ def main() -> None:
             print(f"{name:28} {measured / 2**20:9.0f}M {predicted / 2**20:9.0f}M {err:6.1%} {ds / 2**20:9.0f}M "
                   f"{ds_err:6.1%}", flush=True)
     (out / "memory_accuracy.json").write_text(json.dumps(rows, indent=2))
+    print(f"held-out peaks under the prediction's upper bound (the search's limit): "
+          f"{sum(covered)}/{len(covered)}")
     print(f"memory_accuracy: median_err={statistics.median(ours) * 100:.1f}% max_err={max(ours) * 100:.1f}% "
           f"deepspeed_median_err={statistics.median(theirs) * 100:.1f}% n={len(ours)}")
 

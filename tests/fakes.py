@@ -23,6 +23,19 @@ class FakeMachine:
     """Trial names that crash."""
     offload_keeps: float = 0.25
     """Share of the model states left on the device with optimizer offload to CPU."""
+    num_params: int = 10_000_000
+
+    @classmethod
+    def analytic(cls, num_params: int, overhead: int, dp: int = 2, **kw) -> "FakeMachine":
+        """A machine whose statics are exactly zerotune's fp32 Adam model states plus an overhead,
+        as a real one is to within the model's accuracy."""
+        from zerotune.memory import model_states
+        from zerotune.memory_terms import MemorySetup
+
+        static = {s: overhead + int(model_states(MemorySetup(
+            num_params=num_params, dp=dp, stage=s, reduce_bucket_size=5e8, allgather_bucket_size=5e8,
+            overlap_comm=s == 3, prefetch_bucket_size=5e7))) for s in range(4)}
+        return cls(static=static, num_params=num_params, **kw)
 
     def peak(self, spec: TrialSpec) -> int:
         static = self.static[spec.stage]
@@ -49,7 +62,7 @@ class FakeLauncher(Launcher):
         m, spec = self.machine, job.spec
         peak = m.peak(spec)
         base = dict(spec=spec, peak_memory=[peak, peak], static_memory=[m.static[spec.stage]] * 2,
-                    memory_kind="fake", num_params=10_000_000, budget=job.budget)
+                    memory_kind="fake", num_params=m.num_params, budget=job.budget)
         if spec.name in m.crash:
             return TrialResult(state=TrialState.CRASHED, reason="RuntimeError: boom", **base)
         if job.budget and peak > job.budget:

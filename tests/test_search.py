@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from fakes import FakeMachine
+from fakes import MIB, FakeMachine
 from zerotune import NoFeasibleConfigError
 from zerotune.trial import TrialState
 
@@ -151,3 +151,30 @@ def test_sizes_predicted_not_to_fit_are_recorded_as_pruned_not_launched(tuner_fa
     assert not launched & {t.name for t in pruned}
     for t in pruned:  # each really would not have fit
         assert tuner.launcher.machine.peak(t.spec) > 4 * 1024**3
+
+
+def test_an_untried_stage_predicted_not_to_fit_is_pruned_without_a_launch(tuner_factory):
+    # Stage 0 fits small micro-batches; stage 1's ZeRO buckets make it larger than the budget.
+    machine = FakeMachine.analytic(100_000_000, 300 * MIB)
+    tuner = tuner_factory(memory="2GiB", machine=machine)
+    result = tuner.tune()
+    by_stage = {s: [t for t in result.trials if t.spec.stage == s] for s in range(4)}
+    assert [t.state for t in by_stage[1]] == [TrialState.PRUNED]
+    assert by_stage[1][0].reason.startswith("predicted ") and "± " in by_stage[1][0].reason
+    assert not [j for j in tuner.launcher.jobs if j.spec.stage == 1]
+    assert machine.peak(by_stage[1][0].spec) > 2 * 1024**3  # it really would not have fit
+    assert any(t.state is TrialState.OK for t in by_stage[2] + by_stage[3])
+
+
+def test_a_known_parameter_count_prunes_stages_by_model_states_before_any_trial(tuner_factory, tmp_path):
+    machine = FakeMachine.analytic(100_000_000, 300 * MIB)
+    blind = tuner_factory(memory="1.3GiB", machine=machine, results_dir=tmp_path / "blind")
+    blind.tune()
+    assert {1, 2} <= {j.spec.stage for j in blind.launcher.jobs}  # launched only to run out of memory
+    told = tuner_factory({"model_info": {"num_params": 100_000_000}}, memory="1.3GiB", machine=machine,
+                         results_dir=tmp_path / "told")
+    result = told.tune()
+    assert not {1, 2} & {j.spec.stage for j in told.launcher.jobs}
+    pruned = [t for t in result.trials if t.spec.stage in (1, 2)]
+    assert pruned and all(t.state is TrialState.PRUNED and "model states at least" in t.reason for t in pruned)
+    assert result.best.spec.stage == 3

@@ -47,6 +47,9 @@ class LightningJob:
     """Autotuning keys the strategy sets (metric, max_train_batch_size, tuner_num_trials)."""
     offload: bool | None = None
     """Offload to CPU: None where needed (nothing fits without), True also searched, False never."""
+    num_params: int | None = None
+    """The model's parameter count, known before any trial: stages whose model states alone
+    exceed the memory budget are pruned without a launch."""
     fingerprint: str | None = None
     cache_dir: str | None = None
     """AutotuneDeepSpeedStrategy's cache, where a tuning's result is found by later runs."""

@@ -206,7 +206,9 @@ class Autotuner:
                 overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
                 prefetch_bucket_size=number("stage3_prefetch_bucket_size", 5e7))
 
-        return MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision, setup_for=setup_for)
+        info = self.request.autotuning.model_info
+        known = (info.num_params if info else None) or (self.lightning.num_params if self.lightning else None)
+        return MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision, setup_for=setup_for, num_params=known)
 
     def _offload_searcher(self, trials: list[TrialResult]) -> Searcher | None:
         """Offload to CPU where needed (``offload`` None: only when nothing fit without it), or

@@ -82,7 +82,8 @@ def describe(strategy, trainer, model, datamodule=None, train_dataloaders=None) 
                        precision=str(getattr(strategy.precision_plugin, "precision", "32-true")),
                        batch_size=int(batch_size) if isinstance(batch_size, int) else None,
                        batch_size_attr=holders[-1][1] if holders else None,
-                       accumulate_grad_batches=int(trainer.accumulate_grad_batches), base_config=config)
+                       accumulate_grad_batches=int(trainer.accumulate_grad_batches), base_config=config,
+                       num_params=_num_params(model))
     extras = getattr(strategy, "_describe_extras", None)
     if extras is not None:  # AutotuneDeepSpeedStrategy: its search space, cache and fingerprint
         extras(job, model)

@@ -10,14 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Generator
 
-from ..memory import MemoryModel
+from ..memory import Z, MemoryModel
 from ..ranking import choose_best, clearly_worse
 from ..trial import TrialResult, TrialSpec, TrialState
 from ..units import format_size
 from ._base import Searcher, Suggestion
 
-SAFETY = 0.95
-"""Aim at most this fraction of the budget when the memory fit is exact (two or more points)."""
 MAX_PHASE1_TRIALS = 6
 CANNOT_WIN_MARGIN = 0.05
 """A stage whose best is this much worse than the best stage (beyond noise) gets no more trials."""
@@ -72,6 +70,10 @@ class MicroBatchSearch(Searcher):
             if stage in self.prune:
                 yield Suggestion(self.spec(stage, self.candidates[-1]), self.prune[stage])
                 continue
+            if (reason := self._cannot_fit(stage)) is not None:
+                yield Suggestion(self.spec(stage, self.candidates[0]), reason)
+                self.notes.append(f"stage {stage}: not run; {reason} at micro-batch {self.candidates[0]}")
+                continue
             fit = yield from self._largest_fit(stage)
             if fit is not None:
                 largest[stage] = fit
@@ -80,17 +82,31 @@ class MicroBatchSearch(Searcher):
     def _ok(self, stage: int) -> list[TrialResult]:
         return [r for r in self.results if r.spec.stage == stage and r.state is TrialState.OK]
 
+    def _cannot_fit(self, stage: int) -> str | None:
+        """Why a stage without trials cannot fit even its smallest micro-batch, or None: its
+        prediction (transferred from measured stages, or its model states alone when nothing
+        ran yet) minus the uncertainty is still above the budget."""
+        if not self.budget or self._ok(stage):
+            return None
+        mb = self.candidates[0]
+        low = self.memory.lower_bound(stage, mb)
+        if low is None or low <= self.budget:
+            return None
+        fit = self.memory.fit(stage)
+        what = _predicted(fit, mb) if fit is not None else f"model states at least {format_size(low)}"
+        return f"predicted {what} > budget {format_size(self.budget)}"
+
     def _first_guess(self, stage: int) -> int:
         fit = self.memory.fit(stage)
         if fit is not None and self.budget:
-            target = self._largest_predicted(self.candidates, fit, exact=fit.exact)
+            target = self._largest_predicted(self.candidates, fit)
             return target if target is not None else self.candidates[0]
         lo, hi = self.candidates[0], self.candidates[-1]
         return min(self.candidates, key=lambda c: abs(math.log(c) - 0.5 * (math.log(lo) + math.log(hi))))
 
-    def _largest_predicted(self, options: list[int], fit, *, exact: bool) -> int | None:
-        limit = self.budget * (SAFETY if exact else 1.0)
-        fitting = [c for c in options if fit.predict(c) <= limit]
+    def _largest_predicted(self, options: list[int], fit) -> int | None:
+        """The largest option whose prediction plus its uncertainty margin is within the budget."""
+        fitting = [c for c in options if fit.upper(c) <= self.budget]
         return max(fitting) if fitting else None
 
     def _largest_fit(self, stage: int) -> Generator[Suggestion, TrialResult, int | None]:
@@ -121,12 +137,12 @@ class MicroBatchSearch(Searcher):
             if fit is None or not self.budget:
                 mb = open_range[-1]
                 continue
-            target = self._largest_predicted(open_range, fit, exact=fit.exact)
+            target = self._largest_predicted(open_range, fit)
             if target is None:
                 # The fit says nothing larger fits: trust it rather than spend an OOM trial, and
                 # record the next size up as pruned, with the prediction.
                 nxt = open_range[0]
-                yield Suggestion(self.spec(stage, nxt), f"predicted {format_size(fit.predict(nxt))} > budget "
+                yield Suggestion(self.spec(stage, nxt), f"predicted {_predicted(fit, nxt)} > budget "
                                                         f"{format_size(self.budget)}")
                 break
             mb = target
@@ -159,3 +175,8 @@ class MicroBatchSearch(Searcher):
         choice = choose_best(self._ok(stage), self.metric)
         assert choice is not None
         return choice.best
+
+
+def _predicted(fit, mb: int) -> str:
+    margin = Z * fit.uncertainty(mb)
+    return format_size(fit.predict(mb)) + (f" ± {format_size(margin)}" if margin else "")
