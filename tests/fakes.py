@@ -24,6 +24,11 @@ class FakeMachine:
     offload_keeps: float = 0.25
     """Share of the model states left on the device with optimizer offload to CPU."""
     num_params: int = 10_000_000
+    knob_speed: dict = field(default_factory=dict)
+    """Throughput factor per (dotted key, value) override, e.g. {("zero_optimization.overlap_comm", True): 1.2}."""
+    reduce_bucket_bytes: int = 0
+    """Extra peak bytes per element of zero_optimization.reduce_bucket_size, up to the model's size
+    (a bucket holds at most every gradient), as zerotune's memory model counts it."""
 
     @classmethod
     def analytic(cls, num_params: int, overhead: int, dp: int = 2, **kw) -> "FakeMachine":
@@ -41,11 +46,14 @@ class FakeMachine:
         static = self.static[spec.stage]
         if any(k.endswith("offload_optimizer.device") for k, _ in spec.overrides):
             static = int(static * self.offload_keeps)
-        return static + self.per_sample * spec.micro_batch
+        bucket = dict(spec.overrides).get("zero_optimization.reduce_bucket_size", 0)
+        return static + self.per_sample * spec.micro_batch + int(self.reduce_bucket_bytes * min(bucket,
+                                                                                                  self.num_params))
 
     def throughput(self, spec: TrialSpec) -> float:
-        # Saturating in the micro-batch, scaled per stage.
-        return 1000.0 * self.speed[spec.stage] * (1 - math.exp(-spec.micro_batch / 8))
+        # Saturating in the micro-batch, scaled per stage and by the knobs.
+        factor = math.prod(self.knob_speed.get((k, v), 1.0) for k, v in spec.overrides)
+        return 1000.0 * self.speed[spec.stage] * factor * (1 - math.exp(-spec.micro_batch / 8))
 
 
 class FakeLauncher(Launcher):

@@ -89,7 +89,10 @@ class TuningRequest:
     the stages and micro-batches to consider, and the autotuning options."""
 
     base_config: dict[str, Any]
-    """The user's ds_config minus ``autotuning``, with list/"all"/"auto" values still in place."""
+    """The user's ds_config minus ``autotuning``, each listed knob at its first value (stage and
+    micro-batch lists, "all" and "auto" still in place): what the micro-batch search runs."""
+    space_config: dict[str, Any]
+    """The same with the user's lists in place: the knob dimensions to search."""
     autotuning: AutotuningConfig
     stages: list[int]
     """Stages to try, ascending."""
@@ -179,5 +182,9 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int) -> TuningReques
     for key, arg in (at.arg_mappings or {}).items():
         if not arg.startswith("-"):
             raise ConfigError(f"autotuning.arg_mappings.{key}: {arg!r} must be a script option such as --{arg}")
-    return TuningRequest(base_config=config, autotuning=at, stages=stages, micro_batches=micro_batches,
-                         global_batch=global_batch)
+    from .space import check_offload_devices, collapse, user_dimensions
+
+    user_dimensions(config)  # empty or repeated lists are errors now, not at the knob search
+    check_offload_devices(config)
+    return TuningRequest(base_config=collapse(config), space_config=config, autotuning=at, stages=stages,
+                         micro_batches=micro_batches, global_batch=global_batch)

@@ -56,6 +56,30 @@ class MemorySetup:
         if self.offload_optimizer != "none" and self.stage < 1:
             raise ValueError("offload_optimizer needs ZeRO stage 1 or higher")
 
+    @classmethod
+    def from_config(cls, config: dict, *, num_params: int, dp: int, mp: int = 1) -> "MemorySetup":
+        """The setup a ds_config (with its stage set) describes, with DeepSpeed's defaults for
+        what it leaves out."""
+        zero = config.get("zero_optimization") or {}
+        stage = int(zero.get("stage", 0))
+
+        def number(key: str, default: float) -> float:
+            value = zero.get(key)
+            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+        def device(block: str) -> str:
+            value = (zero.get(block) or {}).get("device", "none") if isinstance(zero.get(block), dict) else "none"
+            return value if value in ("cpu", "nvme") else "none"
+
+        return cls(num_params=num_params, dp=dp, mp=mp, stage=stage,
+                   precision=next((k for k in ("bf16", "fp16") if (config.get(k) or {}).get("enabled")), "fp32"),
+                   offload_optimizer=device("offload_optimizer") if stage >= 1 else "none",
+                   offload_param=device("offload_param") if stage == 3 else "none",
+                   reduce_bucket_size=number("reduce_bucket_size", 5e8),
+                   allgather_bucket_size=number("allgather_bucket_size", 5e8),
+                   overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
+                   prefetch_bucket_size=number("stage3_prefetch_bucket_size", 5e7))
+
     @property
     def weight_bytes(self) -> int:
         return 2 if self.precision in MIXED else 4

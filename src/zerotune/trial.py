@@ -16,8 +16,26 @@ class TrialState(str, enum.Enum):
 
 
 SHORT_KEYS = {"zero_optimization.offload_optimizer.device": "oo", "zero_optimization.offload_param.device": "op",
-              "zero_force_ds_cpu_optimizer": None}
+              "zero_force_ds_cpu_optimizer": None, "zero_optimization.reduce_bucket_size": "rbs",
+              "zero_optimization.allgather_bucket_size": "abs", "zero_optimization.overlap_comm": "oc",
+              "zero_optimization.reduce_scatter": "rs", "zero_optimization.contiguous_gradients": "cg",
+              "zero_optimization.allgather_partitions": "ap", "zero_optimization.stage3_prefetch_bucket_size": "pf",
+              "zero_optimization.stage3_param_persistence_threshold": "pt",
+              "zero_optimization.stage3_max_live_parameters": "ml",
+              "zero_optimization.stage3_max_reuse_distance": "mr", "zero_optimization.sub_group_size": "sg"}
 """Short names of override keys in trial names; None: implied by the others, not named."""
+
+
+def short_value(value: Any) -> str:
+    """A value as trial names show it: 5e8 for 500000000.0, on/off for booleans."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (int, float)) and abs(value) >= 1e4:
+        mantissa, exp = f"{float(value):.12e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exp)}"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +52,7 @@ class TrialSpec:
     def name(self) -> str:
         """Canonical, short and stable: the trial's folder name."""
         parts = [f"z{self.stage}", f"mb{self.micro_batch}", f"gas{self.grad_accum}"]
-        parts += [f"{SHORT_KEYS.get(k, k.rsplit('.', 1)[-1])}={v}" for k, v in self.overrides
+        parts += [f"{SHORT_KEYS.get(k, k.rsplit('.', 1)[-1])}={short_value(v)}" for k, v in self.overrides
                   if SHORT_KEYS.get(k, "") is not None]
         return "_".join(parts)
 

@@ -1,7 +1,6 @@
 """The Autotuner: ask the searcher, launch, observe, store. The CLI and Lightning call this."""
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,8 @@ from .memory import MemoryModel
 from .memory_terms import MemorySetup
 from .ranking import choose_best
 from .result import TuningResult
-from .search import MicroBatchSearch, Searcher
+from .search import EarlyStopping, MicroBatchSearch, Searcher
+from .space import invalid_reason, trial_config
 from .store import SESSION, ResultStore, fingerprint, write_json
 from .trial import TrialResult, TrialSpec, TrialState
 from .units import parse_duration, parse_size
@@ -34,41 +34,6 @@ class TuningEvent:
     spec: TrialSpec | None = None
     result: TrialResult | None = None
     message: str = ""
-
-
-def trial_config(base: dict[str, Any], spec: TrialSpec, dp: int) -> dict[str, Any]:
-    """The user's config with the trial's stage, micro-batch and accumulation filled in."""
-    cfg = copy.deepcopy(base)
-    zero = dict(cfg.get("zero_optimization") or {})
-    zero["stage"] = spec.stage
-    cfg["zero_optimization"] = zero
-    cfg["train_micro_batch_size_per_gpu"] = spec.micro_batch
-    cfg["gradient_accumulation_steps"] = spec.grad_accum
-    cfg["train_batch_size"] = spec.micro_batch * spec.grad_accum * dp
-    for key, value in spec.overrides:
-        node = cfg
-        *path, leaf = key.split(".")
-        for part in path:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return cfg
-
-
-def invalid_stages(base: dict[str, Any], stages: list[int]) -> dict[int, str]:
-    """Stages the user's own offload settings rule out, with the reason."""
-    zero = base.get("zero_optimization") or {}
-    out: dict[int, str] = {}
-
-    def offloads(key: str) -> bool:
-        block = zero.get(key)
-        return isinstance(block, dict) and block.get("device", "none") not in ("none", None)
-
-    for stage in stages:
-        if offloads("offload_param") and stage < 3:
-            out[stage] = "offload_param needs ZeRO stage 3"
-        elif offloads("offload_optimizer") and stage < 1:
-            out[stage] = "offload_optimizer needs ZeRO stage 1 or higher"
-    return out
 
 
 class Autotuner:
@@ -123,15 +88,10 @@ class Autotuner:
         self.trial_timeout, self.precision, self.max_measure_seconds = trial_timeout, precision, max_measure_seconds
         self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16"))
         self.offload = offload
+        self.custom_searcher = searcher is not None
         self.searcher = searcher or self._default_searcher()
         self.result: TuningResult | None = None
         self.notes: list[str] = []
-        if not at.fast:
-            self.notes.append("fast: false: this version tunes the ZeRO stage and micro-batch only "
-                              "(ZeRO bucket and prefetch knobs are not searched yet)")
-        if at.tuner_type != "gridsearch":
-            self.notes.append(f"tuner_type {at.tuner_type}: the stage and micro-batch search is the same for "
-                              "every tuner_type in this version")
 
     # -- set-up --------------------------------------------------------------------------------
     def _inspect(self, out_dir: Path) -> LightningJob:
@@ -179,61 +139,25 @@ class Autotuner:
             stages=self.request.stages, candidates=self.candidates(), global_batch=self.request.global_batch,
             dp=self.dp, grad_accum=gas if isinstance(gas, int) and gas >= 1 else 1, budget=self.budget,
             metric=at.metric, num_micro_batches=at.num_tuning_micro_batch_sizes,
-            memory=self._memory_model(), prune=invalid_stages(self.request.base_config, self.request.stages))
+            memory=self._memory_model(), prune={s: r for s in self.request.stages
+                                                if (r := invalid_reason(s, self.request.base_config))})
+
+    @property
+    def mp(self) -> int:
+        return self.request.autotuning.mp_size
 
     def _memory_model(self, overrides: dict[int, tuple] | None = None) -> MemoryModel:
-        """The memory model for this config: its precision, ZeRO buckets and offload per stage."""
-        cfg = self.request.base_config
-        zero = cfg.get("zero_optimization") or {}
-        precision = next((k for k in ("bf16", "fp16") if (cfg.get(k) or {}).get("enabled")), "fp32")
-
-        def number(key: str, default: float) -> float:
-            value = zero.get(key)
-            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
-
-        def device(block: str, stage: int) -> str:
-            forced = dict((overrides or {}).get(stage, ()))
-            value = forced.get(f"zero_optimization.{block}.device") or (zero.get(block) or {}).get("device", "none")
-            return value if value in ("cpu", "nvme") else "none"
+        """The memory model for this config: its precision, ZeRO buckets and offload per stage
+        (``overrides``: per stage, what every trial of that stage sets, offload for example)."""
 
         def setup_for(stage: int, num_params: int) -> MemorySetup:
-            return MemorySetup(
-                num_params=num_params, dp=self.dp, mp=self.request.autotuning.mp_size, precision=precision,
-                stage=stage, offload_optimizer=device("offload_optimizer", stage) if stage >= 1 else "none",
-                offload_param=device("offload_param", stage) if stage == 3 else "none",
-                reduce_bucket_size=number("reduce_bucket_size", 5e8),
-                allgather_bucket_size=number("allgather_bucket_size", 5e8),
-                overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
-                prefetch_bucket_size=number("stage3_prefetch_bucket_size", 5e7))
+            spec = TrialSpec(stage=stage, micro_batch=1, overrides=(overrides or {}).get(stage, ()))
+            return MemorySetup.from_config(trial_config(self.request.base_config, spec, self.dp),
+                                           num_params=num_params, dp=self.dp, mp=self.mp)
 
         info = self.request.autotuning.model_info
         known = (info.num_params if info else None) or (self.lightning.num_params if self.lightning else None)
         return MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision, setup_for=setup_for, num_params=known)
-
-    def _offload_searcher(self, trials: list[TrialResult]) -> Searcher | None:
-        """Offload to CPU where needed (``offload`` None: only when nothing fit without it), or
-        always (True): the optimizer for stages 1-2, optimizer and parameters for stage 3."""
-        zero = self.request.base_config.get("zero_optimization") or {}
-        if self.offload is False or zero.get("offload_optimizer") or zero.get("offload_param"):
-            return None
-        if self.offload is None and (any(t.state is TrialState.OK for t in trials)
-                                     or not any(t.state is TrialState.OOM for t in trials)):
-            return None
-        stages = [s for s in self.request.stages if s >= 1]
-        if not stages:
-            return None
-        common: tuple = (("zero_optimization.offload_optimizer.device", "cpu"),)
-        if "optimizer" not in self.request.base_config:  # a client optimizer: let DeepSpeed offload it
-            common += (("zero_force_ds_cpu_optimizer", False),)
-        overrides = {s: common + ((("zero_optimization.offload_param.device", "cpu"),) if s == 3 else ())
-                     for s in stages}
-        self._note(("nothing fit without offload: " if self.offload is None else "")
-                   + f"searching stages {stages} with offload to cpu")
-        at = self.request.autotuning
-        return MicroBatchSearch(
-            stages=stages, candidates=self.candidates(), global_batch=self.request.global_batch, dp=self.dp,
-            grad_accum=1, budget=self.budget, metric=at.metric, num_micro_batches=at.num_tuning_micro_batch_sizes,
-            memory=self._memory_model(overrides), overrides=overrides)
 
     # -- the loop ------------------------------------------------------------------------------
     def tune(self) -> TuningResult:
@@ -244,25 +168,12 @@ class Autotuner:
         start = time.monotonic()
         trials: list[TrialResult] = []
         self._launched = 0
-        best_name = None
+        self._best_name = None
         self._write_session(store, "running", [], 0.0)
-        searcher: Searcher | None = self.searcher
-        stopped = False
         try:
-            while searcher is not None and not stopped:
-                while (suggestion := searcher.suggest()) is not None:
-                    result = self._trial(store, suggestion, trials, start)
-                    if result is None:
-                        stopped = True
-                        break
-                    trials.append(result)
-                    searcher.observe(result)
-                    choice = choose_best(trials, at.metric)
-                    if choice and choice.best.name != best_name:
-                        best_name = choice.best.name
-                        self._emit("best", len(trials), choice.best.spec, choice.best)
-                self.notes += [n for n in getattr(searcher, "notes", []) if searcher is not self.searcher]
-                searcher = self._offload_searcher(trials) if searcher is self.searcher else None
+            for searcher, stopper in self._phases(trials):
+                if not self._run_phase(store, searcher, stopper, trials, start):
+                    break
         except BaseException:
             self.launcher.close()
             self._write_session(store, "interrupted", trials, time.monotonic() - start)
@@ -271,7 +182,8 @@ class Autotuner:
         choice = choose_best(trials, at.metric)
         notes = self.notes + list(getattr(self.searcher, "notes", [])) + ([choice.note] if choice and choice.note
                                                                            else [])
-        best_config = trial_config(self.request.base_config, choice.best.spec, self.dp) if choice else None
+        best_config = trial_config(self.request.base_config, choice.best.spec, self.dp,
+                                   script_sets_batch=bool(self._mapped(choice.best.spec))) if choice else None
         if best_config is not None and self.lightning is not None:
             best_config = lightning_form(best_config)
         self.result = TuningResult(metric=at.metric, trials=trials, best=choice.best if choice else None,
@@ -289,6 +201,38 @@ class Autotuner:
                   "--memory-per-device, or fix the error shown")
         return self.result
 
+    def _phases(self, trials: list[TrialResult]):
+        """(searcher, stopping rule) in turn; each is built when the one before has finished."""
+        from . import phases
+
+        yield self.searcher, None
+        if self.custom_searcher:
+            return
+        if (offload := phases.offload_searcher(self, trials)) is not None:
+            yield offload, None
+        yield from phases.knob_searchers(self, trials)
+
+    def _run_phase(self, store: ResultStore, searcher: Searcher, stopper: EarlyStopping | None,
+                   trials: list[TrialResult], start: float) -> bool:
+        """Runs one searcher to its end; False when a limit (trials, time) stopped the tuning."""
+        metric = self.request.autotuning.metric
+        while (suggestion := searcher.suggest()) is not None:
+            result = self._trial(store, suggestion, trials, start)
+            if result is None:
+                return False
+            trials.append(result)
+            searcher.observe(result)
+            choice = choose_best(trials, metric)
+            if choice and choice.best.name != self._best_name:
+                self._best_name = choice.best.name
+                self._emit("best", len(trials), choice.best.spec, choice.best)
+            if stopper is not None and stopper.observe(result):
+                self._note(stopper.reason)
+                break
+        if searcher is not self.searcher:
+            self.notes += list(getattr(searcher, "notes", []))
+        return True
+
     def _trial(self, store: ResultStore, suggestion, trials: list[TrialResult], start: float) -> TrialResult | None:
         """The result of one suggestion: pruned, reused from disk, or run now. None: a limit
         (tuner_num_trials, time budget) stops the search before this trial."""
@@ -299,7 +243,7 @@ class Autotuner:
             store.save(result, "pruned")
             self._emit("pruned", index, spec, result, suggestion.prune_reason)
             return result
-        cfg = trial_config(self.request.base_config, spec, self.dp)
+        cfg = trial_config(self.request.base_config, spec, self.dp, script_sets_batch=bool(self._mapped(spec)))
         key = self._key(cfg)
         if (result := store.load(spec.name, key)) is not None:
             self._emit("reused", index, spec, result)

@@ -1,5 +1,12 @@
-"""Searchers behind one small interface: ``suggest()`` and ``observe(result)``."""
+"""Searchers behind one small interface: ``suggest()`` and ``observe(result)``; stopping rules apart."""
 from ._base import Searcher, Suggestion
 from ._microbatch import MicroBatchSearch
+from ._model_based import ModelBasedSearch
+from ._space import GridSearch, RandomSearch, SpaceSearch
+from ._stopping import EarlyStopping
 
-__all__ = ["MicroBatchSearch", "Searcher", "Suggestion"]
+SEARCHERS = {"gridsearch": GridSearch, "random": RandomSearch, "model_based": ModelBasedSearch}
+"""``autotuning.tuner_type`` -> the searcher over a knob space."""
+
+__all__ = ["SEARCHERS", "EarlyStopping", "GridSearch", "MicroBatchSearch", "ModelBasedSearch", "RandomSearch",
+           "Searcher", "SpaceSearch", "Suggestion"]
