@@ -47,7 +47,7 @@ def tuner_factory(tmp_path, script, make_config, gpu_node):
         events = []
         kw.setdefault("results_dir", tmp_path / "results")
         tuner = Autotuner([str(script), "--deepspeed_config", str(cfg)], num_gpus=2, memory_per_device=memory,
-                          launcher=launcher, node=gpu_node,
+                          launcher=launcher, node=kw.pop("node", gpu_node),
                           on_event=events.append, **kw)
         tuner.events = events
         return tuner

@@ -134,3 +134,36 @@ def test_offload_not_searched_when_a_config_fits_or_when_refused(tuner_factory, 
         tuner_factory(memory="2GiB", offload=False, results_dir=tmp_path / "r2").tune()
     forced = tuner_factory(offload=True, results_dir=tmp_path / "r3").tune()
     assert any(t.spec.overrides for t in forced.trials) and any(not t.spec.overrides for t in forced.trials)
+
+
+def test_a_full_disk_is_a_clear_error_that_loses_nothing(tuner_factory, monkeypatch, tmp_path):
+    import errno
+    import pathlib
+
+    from zerotune import ZerotuneError
+
+    real = pathlib.Path.write_text
+    writes = {"n": 0}
+
+    def filling(self, text, *a, **kw):
+        if self.name.endswith(".tmp"):
+            writes["n"] += 1
+            if writes["n"] > 12:  # the disk fills up half-way through a file
+                real(self, text[: len(text) // 2], *a, **kw)
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, text, *a, **kw)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", filling)
+    tuner = tuner_factory(results_dir=tmp_path / "results")
+    with pytest.raises(ZerotuneError, match="No space left on device.*free some space"):
+        tuner.tune()
+    monkeypatch.setattr(pathlib.Path, "write_text", real)
+    root = tmp_path / "results"
+    assert not list(root.rglob("*.tmp"))  # nothing half-written
+    finished = {p.parent.name for p in root.glob("*/result.json")}
+    for p in root.glob("*/*.json"):
+        json.loads(p.read_text())  # every file whole
+    assert finished
+    again = tuner_factory(results_dir=root)
+    again.tune()
+    assert not finished & {j.spec.name for j in again.launcher.jobs}  # resumed, nothing rerun

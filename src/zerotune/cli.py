@@ -24,13 +24,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("command", choices=["tune", "run", "show", "estimate"])
     p.add_argument("--num-gpus", "--num_gpus", type=int, default=None,
                    help="processes per node (GPUs; on CPU, processes). Default: all GPUs, or 1 on CPU")
-    p.add_argument("--num-nodes", "--num_nodes", type=int, default=1, help="nodes (only 1 for now)")
+    p.add_argument("--num-nodes", "--num_nodes", type=int, default=None,
+                   help="nodes (default: 1, or every host of --hostfile)")
+    p.add_argument("--hostfile", default=None, metavar="FILE",
+                   help="DeepSpeed hostfile ('hostname slots=N' per line) for multi-node trials")
+    p.add_argument("--include", default="", metavar="SPEC", help='hosts/slots to use, e.g. "worker-0@worker-1:0,2"')
+    p.add_argument("--exclude", default="", metavar="SPEC", help='hosts/slots not to use, e.g. "worker-1:0"')
+    p.add_argument("--launcher", default="pdsh", choices=["pdsh", "openmpi", "mpich", "mvapich", "slurm", "impi",
+                                                          "torchrun"],
+                   help="how multi-node trials start: DeepSpeed's runner with this launcher, or torchrun agents")
+    p.add_argument("--master-addr", "--master_addr", default=None, metavar="ADDR",
+                   help="rendezvous address of multi-node trials (default: the first host)")
     p.add_argument("--memory-per-device", default=None, metavar="SIZE",
                    help="memory budget per process, e.g. 16GB; default: GPU memory, or RAM / processes on CPU")
     p.add_argument("--results-dir", default=None, metavar="DIR",
                    help="where trials and outputs go (default: autotuning.results_dir, else autotuning_results)")
     p.add_argument("--time-budget", default=None, metavar="T", help="launch no trial after this long, e.g. 20m")
     p.add_argument("--trial-timeout", type=float, default=600.0, metavar="S", help="seconds before a trial is ended")
+    p.add_argument("--max-concurrent-trials", type=int, default=None, metavar="N",
+                   help="trials at once, each on its own GPUs (default: GPUs // --num-gpus; 1 on CPU)")
+    p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
+                   help="end a trial whose training made no step on any rank for this long (a hang)")
     p.add_argument("--precision", type=float, default=0.03,
                    help="stop measuring a trial once the 95%% interval of its step time is within this fraction")
     p.add_argument("--overwrite", action="store_true", help="discard finished trials instead of resuming")
@@ -39,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 _VALUE_OPTIONS = {"--num-gpus", "--num_gpus", "--num-nodes", "--num_nodes", "--memory-per-device", "--results-dir",
-                  "--time-budget", "--trial-timeout", "--precision"}
+                  "--hostfile", "--include", "--exclude", "--launcher", "--master-addr", "--master_addr",
+                  "--time-budget", "--trial-timeout", "--stall-timeout", "--precision",
+                  "--max-concurrent-trials"}
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -140,13 +156,17 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
     if not 0 < args.precision < 1:
         print("zerotune: error: --precision must be a fraction between 0 and 1, e.g. 0.03", file=sys.stderr)
         return 2
-    if args.trial_timeout <= 0:
-        print("zerotune: error: --trial-timeout must be a positive number of seconds", file=sys.stderr)
+    if args.trial_timeout <= 0 or args.stall_timeout <= 0:
+        print("zerotune: error: --trial-timeout and --stall-timeout must be positive numbers of seconds",
+              file=sys.stderr)
         return 2
     printer = ProgressPrinter(quiet=args.quiet)
     tuner = Autotuner(command, num_gpus=args.num_gpus, num_nodes=args.num_nodes,
                       memory_per_device=args.memory_per_device, results_dir=args.results_dir,
                       budget=args.time_budget, trial_timeout=args.trial_timeout, precision=args.precision,
+                      stall_timeout=args.stall_timeout, max_concurrent_trials=args.max_concurrent_trials,
+                      hostfile=args.hostfile, include=args.include, exclude=args.exclude,
+                      multinode_launcher=args.launcher, master_addr=args.master_addr,
                       overwrite=True if args.overwrite else None, on_event=printer)
     printer.metric = tuner.request.autotuning.metric
     try:

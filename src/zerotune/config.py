@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ._errors import ConfigError
 
 STAGES = (0, 1, 2, 3)
+OBJECT_SECTIONS = ("zero_optimization", "fp16", "bf16", "optimizer", "scheduler", "activation_checkpointing",
+                   "flops_profiler")
+"""Top-level ds_config keys whose value DeepSpeed reads as an object."""
 
 
 class ModelInfo(BaseModel):
@@ -105,7 +108,14 @@ class TuningRequest:
 def load_ds_config(source: str | Path | dict[str, Any]) -> dict[str, Any]:
     """Read a ds_config from a dict or a JSON file, with a clear error for a bad file."""
     if isinstance(source, dict):
-        return json.loads(json.dumps(source))  # a deep copy that is also proof it is JSON
+        try:
+            return json.loads(json.dumps(source))  # a deep copy that is also proof it is JSON
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"the ds_config is not JSON data ({e}); use plain numbers, strings, lists and "
+                              "dicts") from None
+    if not isinstance(source, (str, Path)):
+        raise ConfigError(f"the ds_config must be a JSON object {{...}} or the path of a JSON file, not "
+                          f"{type(source).__name__}")
     path = Path(source)
     if not path.is_file():
         raise ConfigError(f"ds_config {str(path)!r} does not exist; pass --deepspeed_config PATH to a JSON file")
@@ -151,9 +161,13 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int) -> TuningReques
         at = AutotuningConfig.model_validate(section)
     except ValidationError as e:
         raise ConfigError(_pydantic_message(e, "autotuning")) from None
+    for key in OBJECT_SECTIONS:
+        if key in config and not isinstance(config[key], dict):
+            raise ConfigError(f"{key}: must be a JSON object {{...}}, not {json.dumps(config[key])[:40]}")
     zero = config.get("zero_optimization", {})
-    if not isinstance(zero, dict):
-        raise ConfigError("zero_optimization: must be a JSON object {...}")
+    for block in ("offload_optimizer", "offload_param"):
+        if block in zero and zero[block] is not None and not isinstance(zero[block], dict):
+            raise ConfigError(f"zero_optimization.{block}: must be a JSON object such as {{\"device\": \"cpu\"}}")
     stages = parse_stages(zero.get("stage"))
     micro_batches = _parse_micro_batches(config.get("train_micro_batch_size_per_gpu"))
     if world_size % at.mp_size:

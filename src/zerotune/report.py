@@ -141,6 +141,7 @@ def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str
     import time
 
     from .launch import ProcessGroup, launcher_argv, trial_env
+    from .launch._slots import visible_gpus
     from .launch._local import free_port, remove_shm_buffers
 
     lightning = tuner.lightning is not None
@@ -152,7 +153,8 @@ def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str
                            "lightning_config": str(config_path.resolve()) if lightning else None})
     env = trial_env(tuner.num_gpus, tuner.node.device, {**(extra_env or {}), "ZEROTUNE_PROBE": str(spec_path)})
     port = free_port()
-    group = ProcessGroup(launcher_argv(tuner.num_gpus, port), env=env, log=None)
+    gpus = visible_gpus(tuner.num_gpus) if tuner.node.device == "cuda" else None
+    group = ProcessGroup(launcher_argv(tuner.num_gpus, port, gpus), env=env, log=None)
     try:
         while group.proc.poll() is None:
             time.sleep(0.2)

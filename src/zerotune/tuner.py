@@ -8,19 +8,21 @@ from pathlib import Path
 from typing import Any
 
 from . import hardware
-from ._errors import ConfigError, NoFeasibleConfigError
+from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
-from .launch import Launcher, LocalLauncher, TrialJob
+from .launch import Launcher, LocalLauncher, Slot, TrialJob, plan_slots
+from .launch._hosts import Host, read_hostfile, select_hosts
+from .launch._multinode import MultiNodeLauncher
 from .lightning_job import LightningJob, inspect_script, lightning_form, looks_like_lightning
 from .memory import MemoryModel
 from .memory_terms import MemorySetup
 from .ranking import choose_best
 from .result import TuningResult
-from .search import EarlyStopping, MicroBatchSearch, Searcher
+from .search import MicroBatchSearch, Searcher
 from .space import invalid_reason, trial_config
 from .store import SESSION, ResultStore, fingerprint, write_json
-from .trial import TrialResult, TrialSpec, TrialState
+from .trial import TrialResult, TrialSpec
 from .units import parse_duration, parse_size
 
 
@@ -45,21 +47,37 @@ class Autotuner:
     ``--deepspeed_config``/``--deepspeed`` value in the command). ``memory_per_device`` is a
     budget in bytes or a size such as "16GB" (default: device memory on GPU, RAM / processes on
     CPU). ``budget`` is wall-clock time: no trial starts after that many seconds (or "20m").
+    ``trial_timeout`` ends a trial after that many seconds in all; ``stall_timeout`` ends one whose
+    training stopped making progress (no step on any rank) for that long. Trials run
+    ``devices // num_gpus`` at a time on disjoint GPUs (one at a time on CPU), at most
+    ``max_concurrent_trials``.
     ``on_event`` receives a :class:`TuningEvent` for each step of progress; the core never prints.
     """
 
     def __init__(self, command: list[str] | Callable[[dict[str, Any]], Any],
                  ds_config: str | Path | dict[str, Any] | None = None, *,
-                 num_gpus: int | None = None, num_nodes: int = 1, memory_per_device: int | str | None = None,
+                 num_gpus: int | None = None, num_nodes: int | None = None,
+                 memory_per_device: int | str | None = None,
                  results_dir: str | Path | None = None, searcher: Searcher | None = None,
                  budget: float | str | None = None, launcher: Launcher | None = None,
                  on_event: Callable[[TuningEvent], None] | None = None, trial_timeout: float = 600.0,
                  precision: float = 0.03, max_measure_seconds: float = 15.0, overwrite: bool | None = None,
                  node: hardware.Node | None = None, lightning: LightningJob | None = None,
-                 offload: bool | None = None):
+                 offload: bool | None = None, stall_timeout: float = 120.0,
+                 max_concurrent_trials: int | None = None, hostfile: str | Path | None = None, include: str = "",
+                 exclude: str = "", multinode_launcher: str = "pdsh", master_addr: str | None = None):
         self.command = UserCommand.from_callable(command) if callable(command) else UserCommand.parse(command)
-        if num_nodes != 1:
-            raise ConfigError("--num-nodes above 1 is not supported yet; tune on one node")
+        self.hosts: list[Host] | None = None
+        if hostfile is not None:
+            self.hosts = select_hosts(read_hostfile(hostfile), num_nodes=num_nodes, num_gpus=num_gpus,
+                                      include=include, exclude=exclude)
+            num_nodes, num_gpus = len(self.hosts), len(self.hosts[0].slots)
+        elif include or exclude:
+            raise ConfigError("--include and --exclude pick hosts from a --hostfile; give one")
+        elif num_nodes not in (None, 1):
+            raise ConfigError(f"--num-nodes {num_nodes} needs --hostfile naming the nodes, in DeepSpeed's format "
+                              "(one 'hostname slots=N' per line)")
+        self.num_nodes = num_nodes or 1
         self.node = node or hardware.detect()
         source = ds_config if ds_config is not None else self.command.config_path()
         if source is None and lightning is None and looks_like_lightning(self.command.script):
@@ -74,18 +92,28 @@ class Autotuner:
         self.num_gpus = num_gpus or (self.node.device_count if self.node.device == "cuda" else 1)
         if num_gpus is not None and num_gpus < 1:
             raise ConfigError(f"--num-gpus must be at least 1, not {num_gpus}")
-        if self.node.device == "cuda" and self.num_gpus > self.node.device_count:
+        if self.node.device == "cuda" and self.hosts is None and self.num_gpus > self.node.device_count:
             raise ConfigError(f"--num-gpus {self.num_gpus} is more than the {self.node.device_count} GPUs here")
-        self.request: TuningRequest = parse_request(self.user_config, world_size=self.num_gpus)
+        self.world = self.num_gpus * self.num_nodes
+        self.request: TuningRequest = parse_request(self.user_config, world_size=self.world)
         at = self.request.autotuning
-        self.dp = self.num_gpus // at.mp_size
+        self.dp = self.world // at.mp_size
         self.budget = self._budget(memory_per_device)
         self.results_dir = Path(results_dir or at.results_dir)
         self.overwrite = at.overwrite if overwrite is None else overwrite
         self.time_budget = parse_duration(budget, what="budget (--time-budget)") if budget else None
-        self.launcher = launcher or LocalLauncher(device=self.node.device)
+        if self.hosts is not None and (len(self.hosts) > 1 or not self.hosts[0].local):
+            self.launcher = launcher or MultiNodeLauncher(self.hosts, device=self.node.device,
+                                                          launcher=multinode_launcher, master_addr=master_addr)
+            self.slots = [Slot(0, self.hosts[0].slots)]  # one multi-node trial at a time
+        else:
+            self.launcher = launcher or LocalLauncher(device=self.node.device)
+            self.slots = ([Slot(0, self.hosts[0].slots)] if self.hosts is not None and self.node.device == "cuda"
+                          else plan_slots(self.node.device, self.node.device_count, self.num_gpus,
+                                          max_concurrent_trials))
         self.on_event = on_event or (lambda e: None)
         self.trial_timeout, self.precision, self.max_measure_seconds = trial_timeout, precision, max_measure_seconds
+        self.stall_timeout = stall_timeout
         self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16"))
         self.offload = offload
         self.custom_searcher = searcher is not None
@@ -169,14 +197,26 @@ class Autotuner:
         trials: list[TrialResult] = []
         self._launched = 0
         self._best_name = None
+        from .launch import reap
+
+        self.launcher.preflight()  # a missing tool or an unreachable host: one error before any trial
+        if reaped := reap(self.results_dir):
+            self._note(f"ended {reaped} trial process(es) left running by an earlier, killed tuning of "
+                       f"{self.results_dir}")
         self._write_session(store, "running", [], 0.0)
+        from .loop import PhaseRun
+
+        run = PhaseRun(self, store, trials, start)
         try:
             for searcher, stopper in self._phases(trials):
-                if not self._run_phase(store, searcher, stopper, trials, start):
+                if not run.run(searcher, stopper):
                     break
         except BaseException:
             self.launcher.close()
-            self._write_session(store, "interrupted", trials, time.monotonic() - start)
+            try:
+                self._write_session(store, "interrupted", trials, time.monotonic() - start)
+            except ZerotuneError:
+                pass  # the disk is full: the error being raised says so; finished trials are on disk
             raise
         wall = time.monotonic() - start
         choice = choose_best(trials, at.metric)
@@ -212,59 +252,6 @@ class Autotuner:
             yield offload, None
         yield from phases.knob_searchers(self, trials)
 
-    def _run_phase(self, store: ResultStore, searcher: Searcher, stopper: EarlyStopping | None,
-                   trials: list[TrialResult], start: float) -> bool:
-        """Runs one searcher to its end; False when a limit (trials, time) stopped the tuning."""
-        metric = self.request.autotuning.metric
-        while (suggestion := searcher.suggest()) is not None:
-            result = self._trial(store, suggestion, trials, start)
-            if result is None:
-                return False
-            trials.append(result)
-            searcher.observe(result)
-            choice = choose_best(trials, metric)
-            if choice and choice.best.name != self._best_name:
-                self._best_name = choice.best.name
-                self._emit("best", len(trials), choice.best.spec, choice.best)
-            if stopper is not None and stopper.observe(result):
-                self._note(stopper.reason)
-                break
-        if searcher is not self.searcher:
-            self.notes += list(getattr(searcher, "notes", []))
-        return True
-
-    def _trial(self, store: ResultStore, suggestion, trials: list[TrialResult], start: float) -> TrialResult | None:
-        """The result of one suggestion: pruned, reused from disk, or run now. None: a limit
-        (tuner_num_trials, time budget) stops the search before this trial."""
-        at, spec, index = self.request.autotuning, suggestion.spec, len(trials)
-        if suggestion.prune_reason:
-            result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=suggestion.prune_reason,
-                                 budget=self.budget)
-            store.save(result, "pruned")
-            self._emit("pruned", index, spec, result, suggestion.prune_reason)
-            return result
-        cfg = trial_config(self.request.base_config, spec, self.dp, script_sets_batch=bool(self._mapped(spec)))
-        key = self._key(cfg)
-        if (result := store.load(spec.name, key)) is not None:
-            self._emit("reused", index, spec, result)
-            return result
-        if self._launched >= at.tuner_num_trials:
-            self._note(f"stopped after tuner_num_trials={at.tuner_num_trials} trials")
-            return None
-        if self.time_budget and time.monotonic() - start > self.time_budget:
-            self._note(f"stopped at the time budget of {self.time_budget:.0f} s")
-            return None
-        self._emit("started", index, spec)
-        job = self._job(store, spec, cfg)
-        best = choose_best(trials, at.metric)
-        if best is not None and at.metric in ("throughput", "latency"):
-            job.to_beat = {"metric": at.metric, "value": best.best.metric(at.metric)}
-        result = self.launcher.run(job)
-        self._launched += 1
-        store.save(result, key)
-        self._emit("finished", index, spec, result)
-        return result
-
     def _job(self, store: ResultStore, spec: TrialSpec, cfg: dict[str, Any]) -> TrialJob:
         d = store.trial_dir(spec.name)
         write_json(d / "ds_config.json", cfg)
@@ -276,7 +263,8 @@ class Autotuner:
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),
-                       max_seconds=self.max_measure_seconds, rel_ci=self.precision, timeout=self.trial_timeout)
+                       max_seconds=self.max_measure_seconds, rel_ci=self.precision, timeout=self.trial_timeout,
+                       stall_timeout=self.stall_timeout)
         exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
         write_json(d / "exp.json", exp)
         if "exps_dir" in at.model_fields_set:  # DeepSpeed's layout, when the user asked for it
@@ -292,6 +280,7 @@ class Autotuner:
     def _key(self, cfg: dict[str, Any]) -> str:
         return fingerprint({"config": cfg, "script": str(Path(self.command.script).resolve()),
                             "args": list(self.command.args), "num_gpus": self.num_gpus, "budget": self.budget,
+                            **({"num_nodes": self.num_nodes} if self.num_nodes > 1 else {}),
                             "precision": self.precision})
 
     def _emit(self, kind: str, index: int = 0, spec=None, result=None, message: str = "") -> None:
@@ -304,7 +293,8 @@ class Autotuner:
     def _write_session(self, store: ResultStore, state: str, trials, wall: float, notes=()) -> None:
         write_json(store.root / SESSION, {
             "state": state, "metric": self.request.autotuning.metric, "script": self.command.script,
-            "args": list(self.command.args), "num_gpus": self.num_gpus, "device": self.node.device,
+            "args": list(self.command.args), "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
+            "device": self.node.device,
             "budget": self.budget, "wall_time": wall, "trials": [t.name for t in trials], "notes": list(notes)})
 
     # -- after tuning --------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Starting a trial's processes."""
 from ._base import Launcher, TrialJob
 from ._local import LocalLauncher, ProcessGroup, launcher_argv, trial_env
+from ._orphans import leftovers, reap
+from ._slots import Slot, plan_slots
 
-__all__ = ["Launcher", "LocalLauncher", "ProcessGroup", "TrialJob", "launcher_argv", "trial_env"]
+__all__ = ["Launcher", "LocalLauncher", "ProcessGroup", "Slot", "TrialJob", "launcher_argv", "leftovers",
+           "plan_slots", "reap", "trial_env"]

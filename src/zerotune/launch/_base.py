@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..trial import TrialResult, TrialSpec
+from ._slots import Slot
 
 
 @dataclass(kw_only=True)
@@ -27,22 +28,46 @@ class TrialJob:
     max_seconds: float = 30.0
     rel_ci: float = 0.03
     timeout: float = 600.0
+    stall_timeout: float = 120.0
+    """Once training has started, a trial with no forward or optimizer step on any rank for
+    this long (or 5 x its longest step, if more) is hung: ended and recorded as a timeout."""
     to_beat: dict[str, Any] | None = None
     """{"metric": "throughput"|"latency", "value": v}: the trial may stop measuring as soon as
     it clearly cannot beat v (the best so far)."""
     env: dict[str, str] = field(default_factory=dict)
+    slot: Slot | None = None
+    """The devices (or pinned cores) this trial runs on; None: the first ``num_gpus`` devices."""
+    key: str = ""
+    """The fingerprint of the trial's inputs, under which its result is stored."""
     lightning: bool = False
     """A Lightning script: the trial's ds_config.json reaches its DeepSpeedStrategy through the
     probe's Lightning hooks rather than through a --deepspeed_config argument."""
 
 
+    def probe_spec(self, trial_dir: Path) -> dict[str, Any]:
+        """What zerotune.probe reads in each rank (probe.json): the script, its arguments and
+        how to measure."""
+        return {"mode": "measure", "script": self.script, "args": self.script_args,
+                "local_rank_arg": self.local_rank_arg, "out_dir": str(trial_dir), "budget": self.budget,
+                "warmup_steps": self.warmup_steps, "min_steps": self.min_steps, "max_steps": self.max_steps,
+                "max_seconds": self.max_seconds, "rel_ci": self.rel_ci, "to_beat": self.to_beat,
+                "lightning_config": str(trial_dir / "ds_config.json") if self.lightning else None,
+                "expect": {"stage": self.spec.stage, "micro_batch": self.spec.micro_batch,
+                           "grad_accum": self.spec.grad_accum}}
+
+
 class Launcher(abc.ABC):
     """Runs one trial to completion and classifies how it ended. Must never raise for a trial
-    that fails: failures are results (state crashed, oom, timeout)."""
+    that fails: failures are results (state crashed, oom, timeout). ``run`` may be called from
+    several threads at once, one per slot."""
 
     @abc.abstractmethod
     def run(self, job: TrialJob) -> TrialResult:
         ...
+
+    def preflight(self) -> None:
+        """Check, before any trial, that trials can start at all (tools installed, hosts
+        reachable); raise a ZerotuneError that says what to fix."""
 
     def close(self) -> None:
         """End anything still running (called on Ctrl-C and at exit)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 from pathlib import Path
 
 from ..probe._stats import is_stable, summarize
@@ -10,7 +11,8 @@ from ..trial import Measurement, TrialResult, TrialSpec, TrialState
 from ..units import format_size
 
 _OOM_TEXT = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
-_RETURN_CODE = re.compile(r"exits with return code = (-?\d+)")
+_RETURN_CODE = re.compile(r"exits with return code = (-?\d+)|exitcode\s*:\s*(-?\d+)")
+_PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE", re.IGNORECASE)
 
 
 def _read_ranks(trial_dir: Path, world: int) -> list[dict | None]:
@@ -45,8 +47,58 @@ def _stderr_has_oom(trial_dir: Path, world: int) -> bool:
     return False
 
 
+def _signal_name(num: int) -> str:
+    try:
+        name = signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+    return name + (" (a segmentation fault: a bug in native code, not a config problem)" if name == "SIGSEGV" else "")
+
+
+_FATAL = re.compile(r"Fatal Python error: (Segmentation fault|Aborted|Floating point exception|Bus error|"
+                    r"Illegal instruction)")
+_FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Floating point exception": "SIGFPE",
+                  "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}
+
+
+def _missing_cause(trial_dir: Path, ranks: list[dict | None], *, generic: bool) -> str | None:
+    """Why ranks ended without reporting: a fatal signal that Python's faulthandler wrote to the
+    rank's stderr, else a signal the launcher's log names for the first failing process
+    ("oom-killer" for SIGKILL), else (``generic``) which rank went silent. None when every rank
+    reported, or when nothing specific is known and not ``generic``."""
+    missing = [r for r, data in enumerate(ranks) if data is None]
+    if not missing:
+        return None
+    for r in missing:
+        path = trial_dir / f"rank{r}.stderr"
+        m = _FATAL.search(path.read_text(errors="replace")[-20000:]) if path.exists() else None
+        if m:
+            sig = _FATAL_SIGNALS[m.group(1)]
+            return f"rank {r} was killed by {_signal_name(signal.Signals[sig].value)}; its Python stack is in " \
+                   f"rank{r}.stderr"
+    log = trial_dir / "launcher.log"
+    codes = [int(a or b) for a, b in _RETURN_CODE.findall(log.read_text(errors="replace"))] if log.exists() else []
+    first = next((c for c in codes if c), None)
+    if first == -9:
+        return "oom-killer"
+    if first is not None and first < 0:
+        return f"a rank was killed by {_signal_name(-first)}"
+    if generic:
+        return f"rank {missing[0]} ended without reporting a result" + (f" (a process exited with status {first})"
+                                                                         if first else "")
+    return None
+
+
+def port_in_use(trial_dir: Path, world: int) -> bool:
+    """The rendezvous failed because the master port was taken."""
+    logs = [trial_dir / "launcher.log"] + [trial_dir / f"rank{r}.stderr" for r in range(world)]
+    return any(p.exists() and _PORT_IN_USE.search(p.read_text(errors="replace")[-20000:]) for p in logs)
+
+
 def collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | None, timed_out: bool,
-            timeout: float, wall_time: float, budget: int | None, min_steps: int, rel_ci: float) -> TrialResult:
+            timeout: float, wall_time: float, budget: int | None, min_steps: int, rel_ci: float,
+            hung: str | None = None) -> TrialResult:
+    """``hung``: why the launcher ended a trial that stopped making progress."""
     ranks = _read_ranks(trial_dir, world)
     present = [r for r in ranks if r is not None]
     result = TrialResult(spec=spec, state=TrialState.CRASHED, wall_time=wall_time, budget=budget)
@@ -61,11 +113,22 @@ def collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | N
     if "oom" in states:
         result.state, result.reason = TrialState.OOM, next(r["reason"] for r in present if r["state"] == "oom")
         return result
+    if hung:
+        result.state, result.reason = TrialState.TIMEOUT, hung
+        return result
     if timed_out:
         result.state, result.reason = TrialState.TIMEOUT, f"no result within the trial timeout of {timeout:.0f} s"
         return result
+    # A rank that died without reporting (a signal, os._exit) is the cause; what the others
+    # then report (a broken connection in a collective) is only the consequence.
     if "crashed" in states:
-        result.reason = next(r["reason"] for r in present if r["state"] == "crashed")
+        cause = _missing_cause(trial_dir, ranks, generic=True)
+        reported = next(r["reason"] for r in present if r["state"] == "crashed")
+        if cause == "oom-killer":
+            result.state = TrialState.OOM
+            result.reason = f"a rank was killed by SIGKILL, most likely the kernel's out-of-memory killer; then {reported}"
+            return result
+        result.reason = f"{cause}; then {reported}" if cause else reported
         return result
     rank0 = ranks[0]
     if rank0 is None or len(present) < world:
@@ -73,13 +136,13 @@ def collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | N
             result.state, result.reason = TrialState.OOM, "out of memory (" + (_last_error_line(trial_dir, world)
                                                                               or "see rank stderr") + ")"
             return result
-        log = trial_dir / "launcher.log"
-        codes = _RETURN_CODE.findall(log.read_text(errors="replace")) if log.exists() else []
-        if "-9" in codes:
+        cause = _missing_cause(trial_dir, ranks, generic=False)
+        if cause == "oom-killer":
             result.state = TrialState.OOM
             result.reason = "a rank was killed by SIGKILL, most likely the kernel's out-of-memory killer"
             return result
-        detail = _last_error_line(trial_dir, world) or f"the launcher exited with status {returncode}"
+        detail = (cause or _last_error_line(trial_dir, world) or _missing_cause(trial_dir, ranks, generic=True)
+                  or f"the launcher exited with status {returncode}")
         result.reason = f"{detail} (see {trial_dir}/rank*.stderr)"
         return result
     intervals = rank0.get("intervals") or []

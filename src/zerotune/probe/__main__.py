@@ -37,6 +37,9 @@ def main() -> None:
     if mode == "measure":
         out = Path(spec["out_dir"])
         _redirect(out, rank)
+        import faulthandler
+
+        faulthandler.enable()  # a segfault leaves its signal and Python stack in rank<N>.stderr
         from ._hooks import StepProbe, install
 
         probe = StepProbe(spec, rank)

@@ -47,10 +47,21 @@ class StepProbe:
         self.memory: MemoryReader | None = None
         self.engine = None
         self.start = time.perf_counter()
+        self.heartbeat = self.out / f"rank{rank}.progress"
+
+    def beat(self) -> None:
+        """Progress for the launcher's hang check: forwards and optimizer steps done, and the
+        longest step so far (a slow model's limit grows with it)."""
+        longest = max((b - a for a, b in zip(self.times, self.times[1:])), default=0.0)
+        try:
+            self.heartbeat.write_text(f"{len(self.times)} {longest:.3f}\n")
+        except OSError:
+            pass  # never fail a trial over its heartbeat
 
     # -- hooks -------------------------------------------------------------------------------
     def before_forward(self, engine, args, kwargs) -> bool:
         """Returns True when this forward should be profiled for FLOPs."""
+        self.beat()
         if self.engine is None:
             self.engine = engine
             self.memory = MemoryReader(engine.device.type if hasattr(engine.device, "type") else
@@ -71,6 +82,7 @@ class StepProbe:
         if self.memory is not None and self.memory.kind == "cuda":
             self.torch.cuda.synchronize()  # time finished work, not queued kernels
         self.times.append(time.perf_counter())
+        self.beat()
         if len(self.times) == 1:
             self._check_config(engine)
         over_budget = self._over_budget()

@@ -25,6 +25,12 @@ class Searcher(abc.ABC):
 
     @abc.abstractmethod
     def observe(self, result: TrialResult) -> None:
-        """The result of the trial last suggested."""
+        """The result of a suggested trial."""
+
+    def ask(self, outstanding: int) -> Suggestion | None:
+        """A trial to start now while ``outstanding`` suggested ones still run (concurrent
+        slots); None: nothing now. By default one at a time: searchers that can propose before
+        earlier results return override this."""
+        return self.suggest() if outstanding == 0 else None
 
     notes: list[str]

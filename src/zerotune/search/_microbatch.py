@@ -37,47 +37,87 @@ class MicroBatchSearch(Searcher):
         self.memory, self.prune, self.overrides = memory, prune or {}, overrides or {}
         self.results: list[TrialResult] = []
         self.notes: list[str] = []
-        self._plan = self._run()
-        self._pending: Suggestion | None = None
+        # Phase 1 runs one plan per stage; with concurrent slots, stages run side by side.
+        self._stage_plans: dict[int, Plan] = {}
+        self._ready: dict[int, Suggestion] = {}
+        """Per stage, its plan's next suggestion, not yet handed out."""
+        self._issued: dict[int, Suggestion] = {}
+        """Per stage, the suggestion handed out and not yet observed."""
+        self._largest: dict[int, int | None] = {}
+        """Per finished stage, its largest fitting micro-batch (None: none fits)."""
+        self._compare: Plan | None = None
+        self._compare_next: Suggestion | None = None
+        self._compare_issued: Suggestion | None = None
 
     # -- Searcher ------------------------------------------------------------------------------
+    def ask(self, outstanding: int) -> Suggestion | None:
+        """Phase 1: the next trial of the first stage that has none running (so one slot
+        searches stage by stage, several search stages side by side). Phase 2: one at a time."""
+        for stage in self.stages:
+            if stage in self._largest or stage in self._issued:
+                continue
+            suggestion = self._advance(stage)
+            if suggestion is not None:
+                self._issued[stage] = suggestion
+                return suggestion
+        if len(self._largest) < len(self.stages) or outstanding:
+            return None
+        if self._compare is None:
+            self._compare = self._compare_micro_batches({s: m for s, m in self._largest.items() if m is not None})
+            self._compare_next = next(self._compare, None)
+        if self._compare_issued is None and self._compare_next is not None:
+            self._compare_issued = self._compare_next
+            return self._compare_issued
+        return None
+
     def suggest(self) -> Suggestion | None:
-        if self._pending is None:
-            try:
-                self._pending = next(self._plan)
-            except StopIteration:
-                return None
-        return self._pending
+        issued = list(self._issued.values()) + ([self._compare_issued] if self._compare_issued else [])
+        return issued[0] if issued else self.ask(0)
 
     def observe(self, result: TrialResult) -> None:
-        assert self._pending is not None and result.spec == self._pending.spec, "observe the suggested trial"
         self.results.append(result)
         self.memory.observe(result)
+        stage = result.spec.stage
+        if stage in self._issued and self._issued[stage].spec == result.spec:
+            del self._issued[stage]
+            self._step(stage, result)
+            return
+        assert self._compare_issued is not None and self._compare_issued.spec == result.spec, \
+            "observe a suggested trial"
+        self._compare_issued = None
         try:
-            self._pending = self._plan.send(result)
+            self._compare_next = self._compare.send(result)
         except StopIteration:
-            self._pending = None
-            self._plan = iter(())  # type: ignore[assignment]
+            self._compare_next = None
+
+    def _advance(self, stage: int) -> Suggestion | None:
+        """The stage's next suggestion (starting its plan if new); None when the stage is done."""
+        if stage not in self._stage_plans:
+            self._stage_plans[stage] = self._stage_plan(stage)
+            self._step(stage, None)
+        return self._ready.pop(stage, None)
+
+    def _step(self, stage: int, result: TrialResult | None) -> None:
+        plan = self._stage_plans[stage]
+        try:
+            self._ready[stage] = next(plan) if result is None else plan.send(result)
+        except StopIteration as done:
+            self._largest[stage] = done.value
 
     # -- plan ----------------------------------------------------------------------------------
     def spec(self, stage: int, mb: int) -> TrialSpec:
         gas = self.global_batch // (mb * self.dp) if self.global_batch else self.default_gas
         return TrialSpec(stage=stage, micro_batch=mb, grad_accum=gas, overrides=self.overrides.get(stage, ()))
 
-    def _run(self) -> Plan:
-        largest: dict[int, int] = {}
-        for stage in self.stages:
-            if stage in self.prune:
-                yield Suggestion(self.spec(stage, self.candidates[-1]), self.prune[stage])
-                continue
-            if (reason := self._cannot_fit(stage)) is not None:
-                yield Suggestion(self.spec(stage, self.candidates[0]), reason)
-                self.notes.append(f"stage {stage}: not run; {reason} at micro-batch {self.candidates[0]}")
-                continue
-            fit = yield from self._largest_fit(stage)
-            if fit is not None:
-                largest[stage] = fit
-        yield from self._compare_micro_batches(largest)
+    def _stage_plan(self, stage: int) -> Generator[Suggestion, TrialResult, int | None]:
+        if stage in self.prune:
+            yield Suggestion(self.spec(stage, self.candidates[-1]), self.prune[stage])
+            return None
+        if (reason := self._cannot_fit(stage)) is not None:
+            yield Suggestion(self.spec(stage, self.candidates[0]), reason)
+            self.notes.append(f"stage {stage}: not run; {reason} at micro-batch {self.candidates[0]}")
+            return None
+        return (yield from self._largest_fit(stage))
 
     def _ok(self, stage: int) -> list[TrialResult]:
         return [r for r in self.results if r.spec.stage == stage and r.state is TrialState.OK]

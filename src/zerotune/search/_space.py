@@ -28,7 +28,7 @@ class SpaceSearch(Searcher):
         self.seen: set[str] = set()
         self.results: list[TrialResult] = []
         self.notes: list[str] = []
-        self._pending: Suggestion | None = None
+        self._pending: dict[str, Suggestion] = {}
 
     @abc.abstractmethod
     def _next(self) -> TrialSpec | None:
@@ -37,8 +37,9 @@ class SpaceSearch(Searcher):
     def _learn(self, result: TrialResult) -> None:
         """A result for a point this searcher proposed (pruned ones included)."""
 
-    def suggest(self) -> Suggestion | None:
-        while self._pending is None:
+    def ask(self, outstanding: int) -> Suggestion | None:
+        """A new point to run alongside the ones still pending (every searcher here can)."""
+        while True:
             spec = self._next()
             if spec is None:
                 return None
@@ -48,12 +49,16 @@ class SpaceSearch(Searcher):
             if spec.name in self.known:  # measured already: learn from it, launch nothing
                 self._learn(self.known[spec.name])
                 continue
-            self._pending = Suggestion(spec, self.check(spec) or "")
-        return self._pending
+            suggestion = self._pending[spec.name] = Suggestion(spec, self.check(spec) or "")
+            return suggestion
+
+    def suggest(self) -> Suggestion | None:
+        if self._pending:
+            return next(iter(self._pending.values()))
+        return self.ask(0)
 
     def observe(self, result: TrialResult) -> None:
-        assert self._pending is not None and result.spec == self._pending.spec, "observe the suggested trial"
-        self._pending = None
+        assert self._pending.pop(result.spec.name, None) is not None, "observe a suggested trial"
         self.results.append(result)
         self._learn(result)
 

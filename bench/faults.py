@@ -1,0 +1,194 @@
+"""The fault matrix against a real tuner (CPU, 2 processes, DeepSpeed's CPU accelerator).
+
+Each scenario injects one fault into a tuning of ``tests/integration/faulty_trial.py`` over ZeRO
+stages 0 and 1 (the fault strikes stage 0's trial) and checks that the tuning survives it:
+
+- in the trial: exit 1, SIGSEGV on one rank, a hang without progress, CUDA OOM, the word "error"
+  in normal output, one rank dying while the other waits in a collective, a slow start;
+- around it: the master port already taken, the results disk filling up mid-write, the tuner
+  killed with SIGKILL mid-trial (then rerun), Ctrl-C mid-trial (then rerun).
+
+Survived: the tuning (or its rerun) ends normally, the faulty trial is classified as expected and
+stage 1 still wins. lost_results: trials finished before the fault that are missing, unreadable
+or rerun afterwards. orphans: trial processes alive after the tuning (or its rerun) ended.
+
+    python bench/faults.py
+
+Last line: faults: injected=<n> survived=<n> lost_results=<n> orphans=<n>
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from procs import trial_processes  # noqa: E402
+
+FAULTY = ROOT / "tests" / "integration" / "faulty_trial.py"
+OUT = ROOT / "bench" / "results" / "faults"
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+IN_TRIAL = {"exit1": "crashed", "segv": "crashed", "hang": "timeout", "oom": "oom", "error_words": "ok",
+            "rank_dies": "crashed", "slow_start": "ok"}
+
+
+def setup(name: str) -> tuple[Path, Path]:
+    d = OUT / name
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    cfg = d / "ds.json"
+    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "Adam",
+                                                                                  "params": {"lr": 1e-3}},
+                               "zero_optimization": {"stage": [0, 1]},
+                               "autotuning": {"start_profile_step": 2, "end_profile_step": 5}}))
+    return d / "results", cfg
+
+
+def cli(res: Path, cfg: Path, faults: dict) -> list[str]:
+    return [sys.executable, "-m", "zerotune.cli", "tune", "--num-gpus", "2", "--results-dir", str(res),
+            "--precision", "0.2", "--stall-timeout", "5", "--trial-timeout", "120", str(FAULTY),
+            "--faults", json.dumps(faults), "--deepspeed_config", str(cfg)]
+
+
+def states(res: Path) -> dict[int, str]:
+    try:
+        return {t["spec"]["stage"]: t["state"] for t in json.loads((res / "results.json").read_text())["trials"]}
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def readable(res: Path) -> set[str]:
+    out = set()
+    for p in res.glob("*/result.json"):
+        try:
+            json.loads(p.read_text())
+            out.add(p.parent.name)
+        except ValueError:
+            pass
+    return out
+
+
+def orphans(res: Path) -> int:
+    time.sleep(1.0)
+    return len(trial_processes(res.resolve()))
+
+
+def in_trial(fault: str) -> tuple[bool, int, int, str]:
+    res, cfg = setup(fault)
+    out = subprocess.run(cli(res, cfg, {"0": fault}), env=ENV, capture_output=True, text=True, timeout=600)
+    got = states(res)
+    ok = out.returncode == 0 and got == {0: IN_TRIAL[fault], 1: "ok"}
+    return ok, 0, orphans(res), f"exit {out.returncode}, states {got}"
+
+
+def killed(sig: int) -> tuple[bool, int, int, str]:
+    """Kill the tuner during stage 1's trial, then rerun the same command."""
+    res, cfg = setup(signal.Signals(sig).name)
+    cmd = cli(res, cfg, {"1": "slow_start"})
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not (readable(res) and list(res.glob("z1_*/probe.json"))):
+        time.sleep(0.2)
+    before = {name: (res / name / "result.json").stat().st_mtime for name in readable(res)}
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    t0 = time.monotonic()
+    while trial_processes(res.resolve()) and time.monotonic() - t0 < 10:
+        time.sleep(0.2)
+    left_after_kill = len(trial_processes(res.resolve())) if sig != signal.SIGKILL else 0
+    told = sig == signal.SIGKILL or "Rerun the same command to resume" in err
+    again = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    lost = sum(1 for name, t in before.items() if not (res / name / "result.json").exists()
+               or (res / name / "result.json").stat().st_mtime != t)
+    ok = again.returncode == 0 and told and states(res) == {0: "ok", 1: "ok"} and bool(before)
+    return ok, lost, left_after_kill + orphans(res), f"{len(before)} finished before the kill, rerun exit " \
+                                                     f"{again.returncode}, states {states(res)}"
+
+
+def port_taken() -> tuple[bool, int, int, str]:
+    from zerotune import Autotuner
+    from zerotune.launch import _local
+
+    res, cfg = setup("port_taken")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    ports, real = iter([busy.getsockname()[1]]), _local.free_port
+    _local.free_port = lambda: next(ports, None) or real()
+    try:
+        result = Autotuner([str(FAULTY), "--deepspeed_config", str(cfg)], num_gpus=2, results_dir=res,
+                           precision=0.2, stall_timeout=5).tune()
+    finally:
+        _local.free_port = real
+        busy.close()
+    retried = any(p.name.startswith("launcher.attempt") for p in res.glob("*/*"))
+    ok = retried and {t.spec.stage: t.state.value for t in result.trials} == {0: "ok", 1: "ok"}
+    return ok, 0, orphans(res), f"retried on another port: {retried}"
+
+
+def disk_full() -> tuple[bool, int, int, str]:
+    import errno
+    import pathlib
+
+    from zerotune import Autotuner, ZerotuneError
+
+    res, cfg = setup("disk_full")
+    real = pathlib.Path.write_text
+
+    def filling(self, text, *a, **kw):  # the disk fills once stage 0's trial has finished
+        if self.name.endswith(".tmp") and readable(res):
+            real(self, text[: len(text) // 2], *a, **kw)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, text, *a, **kw)
+
+    def tune():
+        return Autotuner([str(FAULTY), "--deepspeed_config", str(cfg)], num_gpus=2, results_dir=res,
+                         precision=0.2, stall_timeout=5).tune()
+
+    pathlib.Path.write_text = filling
+    try:
+        tune()
+        clear = False
+    except ZerotuneError as e:
+        clear = "No space left on device" in str(e)
+    finally:
+        pathlib.Path.write_text = real
+    before = {name: (res / name / "result.json").stat().st_mtime for name in readable(res)}
+    half = list(res.rglob("*.tmp"))
+    result = tune()
+    lost = sum(1 for name, t in before.items() if (res / name / "result.json").stat().st_mtime != t)
+    ok = clear and not half and bool(before) and {t.spec.stage: t.state.value for t in result.trials} == \
+        {0: "ok", 1: "ok"}
+    return ok, lost, orphans(res), f"clear error: {clear}, half-written files: {len(half)}"
+
+
+def main() -> None:
+    os.environ.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    scenarios = {f"trial: {f}": (lambda f=f: in_trial(f)) for f in IN_TRIAL}
+    scenarios.update({"port already in use": port_taken, "results disk full": disk_full,
+                      "tuner SIGKILL mid-trial, rerun": lambda: killed(signal.SIGKILL),
+                      "Ctrl-C mid-trial, rerun": lambda: killed(signal.SIGINT)})
+    survived = lost = left = 0
+    for name, run in scenarios.items():
+        start = time.monotonic()
+        try:
+            ok, n_lost, n_left, detail = run()
+        except Exception as e:  # a scenario that raises did not survive
+            ok, n_lost, n_left, detail = False, 0, 0, f"{type(e).__name__}: {e}"
+        survived += ok
+        lost += n_lost
+        left += n_left
+        print(f"{name:32} {'survived' if ok else 'FAILED':8} lost={n_lost} orphans={n_left} "
+              f"{time.monotonic() - start:5.0f} s  {detail}", flush=True)
+    print(f"faults: injected={len(scenarios)} survived={survived} lost_results={lost} orphans={left}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Trials across nodes: through DeepSpeed's runner (pdsh, openmpi, slurm, as DeepSpeed supports
+them) or through one torchrun agent per node with a static rendezvous on the first host.
+
+Hosts that are this machine are started directly; others through ``ssh`` (torchrun) or the
+runner's own transport, so ssh is needed only when more than one host is used. A missing tool or
+an unreachable host is one clear error before any trial starts (``preflight``). The results folder
+must be on storage every node sees: each rank writes its result there.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .._errors import LaunchError
+from ..store import write_json
+from ..trial import TrialResult
+from ._base import Launcher, TrialJob
+from ._collect import collect
+from ._hosts import Host
+from ._local import ProcessGroup, free_port, remove_shm_buffers, stalled, trial_env
+from ._orphans import TUNER_PID
+
+RUNNER_TOOLS = {"pdsh": "pdsh", "openmpi": "mpirun", "mpich": "mpirun", "mvapich": "mpirun", "slurm": "srun",
+                "impi": "mpirun"}
+"""DeepSpeed runner launchers and the program each needs on this machine."""
+LAUNCHERS = ("torchrun", *RUNNER_TOOLS)
+SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+FORWARDED = ("DS_ACCELERATOR", "OMP_NUM_THREADS", "PYTHONPATH", "ZEROTUNE_PROBE", TUNER_PID)
+
+
+class MultiNodeLauncher(Launcher):
+    def __init__(self, hosts: list[Host], *, device: str, launcher: str = "pdsh", master_addr: str | None = None):
+        if launcher not in LAUNCHERS:
+            raise LaunchError(f"--launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
+        self.hosts, self.device, self.kind = hosts, device, launcher
+        self.master_addr = master_addr or ("127.0.0.1" if hosts[0].local else hosts[0].name)
+        self._running: set[ProcessGroup] = set()
+        self._lock = threading.Lock()
+
+    # -- before any trial ----------------------------------------------------------------------
+    def preflight(self) -> None:
+        remote = [h for h in self.hosts if not h.local]
+        if self.kind != "torchrun":
+            tool = RUNNER_TOOLS[self.kind]
+            if shutil.which(tool) is None:
+                raise LaunchError(f"--launcher {self.kind} needs {tool!r}, which is not installed here; install it, "
+                                  "or pass --launcher torchrun (needs only ssh)")
+            return
+        if remote and shutil.which("ssh") is None:
+            raise LaunchError(f"hosts {', '.join(h.name for h in remote)} are reached by ssh, which is not "
+                              "installed here; install openssh-client")
+        for h in remote:
+            try:
+                out = subprocess.run([*SSH, h.name, "true"], capture_output=True, text=True, timeout=30)
+            except subprocess.TimeoutExpired:
+                raise LaunchError(f"host {h.name!r} did not answer ssh within 30 s; check the hostfile and the "
+                                  "network") from None
+            if out.returncode != 0:
+                raise LaunchError(f"cannot reach host {h.name!r} by ssh ({out.stderr.strip()[:200] or 'exit ' + str(out.returncode)}); "
+                                  "set up passwordless ssh to every host in the hostfile")
+
+    # -- commands ------------------------------------------------------------------------------
+    def torchrun_argv(self, job: TrialJob, node_rank: int, port: int) -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(self.hosts)}",
+                f"--nproc-per-node={job.num_gpus}", f"--node-rank={node_rank}", f"--master-addr={self.master_addr}",
+                f"--master-port={port}", "-m", "zerotune.probe"]
+
+    def runner_argv(self, hostfile: Path, port: int) -> list[str]:
+        include = "@".join(f"{h.name}:{','.join(map(str, h.slots))}" for h in self.hosts)
+        return [sys.executable, "-m", "deepspeed.launcher.runner", f"--hostfile={hostfile}", f"--include={include}",
+                f"--launcher={self.kind}", f"--master_addr={self.master_addr}", f"--master_port={port}",
+                "--no_local_rank", "--module", "zerotune.probe"]
+
+    def _start(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> list[ProcessGroup]:
+        cmds: list[list[str]] = []
+        groups = []
+        if self.kind == "torchrun":
+            for i, host in enumerate(self.hosts):
+                argv, host_env = self.torchrun_argv(job, i, port), dict(env)
+                if self.device == "cuda":
+                    host_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slots))
+                if not host.local:  # the remote shell gets the variables and the folder explicitly
+                    exports = [f"{k}={host_env[k]}" for k in (*FORWARDED, "CUDA_VISIBLE_DEVICES") if k in host_env]
+                    argv = [*SSH, host.name, f"cd {shlex.quote(os.getcwd())} && env "
+                            + " ".join(shlex.quote(e) for e in exports) + " " + shlex.join(argv)]
+                cmds.append(argv)
+                groups.append(ProcessGroup(argv, env=host_env, log=d / f"launcher.node{i}.log"))
+        else:
+            hostfile = d / "hostfile"
+            hostfile.write_text("".join(f"{h.name} slots={max(h.slots) + 1}\n" for h in self.hosts))
+            (d / ".deepspeed_env").write_text("".join(f"{k}={env[k]}\n" for k in FORWARDED if k in env))
+            argv = self.runner_argv(hostfile, port)
+            cmds.append(argv)
+            groups.append(ProcessGroup(argv, env={**env, "DS_ENV_FILE": str(d / ".deepspeed_env")},
+                                       log=d / "launcher.log"))
+        (d / "cmd.txt").write_text("# started as (the user's arguments are read from probe.json):\n"
+                                   + "".join(shlex.join(c) + "\n" for c in cmds))
+        return groups
+
+    # -- a trial -------------------------------------------------------------------------------
+    def run(self, job: TrialJob) -> TrialResult:
+        d = job.trial_dir.resolve()
+        for stale in d.glob("rank*.*"):
+            stale.unlink()
+        world = job.num_gpus * len(self.hosts)
+        write_json(d / "probe.json", job.probe_spec(d))
+        env = trial_env(job.num_gpus, self.device, {**job.env, "ZEROTUNE_PROBE": str(d / "probe.json"),
+                                                    TUNER_PID: str(os.getpid())})
+        port = free_port()
+        start = time.monotonic()
+        groups = self._start(job, d, env, port)
+        with self._lock:
+            self._running.update(groups)
+        timed_out, hung = False, None
+        try:
+            while any(g.proc.poll() is None for g in groups):
+                if time.monotonic() - start > job.timeout:
+                    timed_out = True
+                    break
+                if (hung := stalled(d, world, job.stall_timeout)) is not None:
+                    break
+                if all((d / f"rank{r}.json").exists() for r in range(world)):
+                    break
+                # One node's agent failed: the others' ranks wait in a collective that never ends.
+                if any(g.proc.poll() not in (None, 0) for g in groups):
+                    time.sleep(2.0)
+                    break
+                time.sleep(0.1)
+        finally:
+            for g in groups:
+                g.kill()
+            with self._lock:
+                self._running.difference_update(groups)
+            remove_shm_buffers(port, self.master_addr)
+        codes = [g.proc.returncode for g in groups]
+        log = d / "launcher.log"
+        if self.kind == "torchrun":  # one log for collect: each node's, in turn
+            log.write_text("".join(f"== node {i} ({h.name}), exit {codes[i]} ==\n"
+                                   + (d / f"launcher.node{i}.log").read_text(errors="replace")
+                                   for i, h in enumerate(self.hosts)))
+        return collect(spec=job.spec, trial_dir=d, world=world, returncode=next((c for c in codes if c), codes[0]),
+                       timed_out=timed_out, timeout=job.timeout, wall_time=time.monotonic() - start,
+                       budget=job.budget, min_steps=job.min_steps, rel_ci=job.rel_ci, hung=hung)
+
+    def close(self) -> None:
+        with self._lock:
+            running, self._running = list(self._running), set()
+        for g in running:
+            g.kill(grace=2.0)

@@ -1,0 +1,67 @@
+"""A tiny DeepSpeed training script that misbehaves on purpose: the fault matrix of zerotune's
+reliability tests and of bench/faults.py.
+
+    --faults '{"0": "segv"}'   ZeRO stage -> fault; other stages train normally
+    --at-step 1                the optimizer step after which the fault strikes
+
+Faults: exit1 (every rank exits with status 1), segv (rank 1 dies of SIGSEGV), hang (every rank
+stops making progress), oom (a CUDA out-of-memory error), error_words (prints "error" lines but
+trains fine), rank_dies (rank 1 vanishes while rank 0 waits in the next all-reduce),
+slow_start (sleeps before deepspeed.initialize, then trains fine), ignore_term (every rank ignores
+SIGTERM and stops making progress: only SIGKILL ends it).
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--local_rank", type=int, default=-1)
+    p.add_argument("--faults", default="{}")
+    p.add_argument("--at-step", type=int, default=1)
+    p = deepspeed.add_config_arguments(p)
+    args = p.parse_args()
+    faults = json.loads(args.faults)
+    stage = json.load(open(args.deepspeed_config))["zero_optimization"]["stage"]
+    fault = faults.get(str(stage))
+    if fault == "slow_start":
+        time.sleep(5)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+    rank, mb, gas = dist.get_rank(), engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    for step in range(1, 100_000):
+        for _ in range(gas):
+            loss = engine(torch.randn(mb, 64)).pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+        if fault == "error_words":
+            print(f"step {step}: error=0.0, no errors; ERROR budget fine", flush=True)
+            print("warning: this line has the word error in it", file=sys.stderr, flush=True)
+        if step != args.at_step:
+            continue
+        if fault == "exit1":
+            sys.exit(1)
+        if fault == "segv" and rank == 1:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if fault == "hang":
+            time.sleep(3600)
+        if fault == "ignore_term":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            time.sleep(3600)
+        if fault == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        if fault == "rank_dies" and rank == 1:
+            os._exit(7)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Two "nodes" on this machine: torchrun agents with a rendezvous on loopback (no ssh), and two
+concurrent trials pinned to disjoint cores. Real DeepSpeed on CPU."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from procs import trial_processes
+
+pytestmark = pytest.mark.integration
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}
+GPT = ROOT / "examples" / "gpt.py"
+
+
+def ds_config(tmp_path, stages):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                                "zero_optimization": {"stage": stages}, "train_micro_batch_size_per_gpu": [4, 8],
+                                "autotuning": {"max_train_batch_size": 16, "start_profile_step": 2,
+                                               "end_profile_step": 5}}))
+    return path
+
+
+def test_two_nodes_through_torchrun_agents(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    res = tmp_path / "results"
+    out = subprocess.run([sys.executable, "-m", "zerotune.cli", "tune", "--hostfile", str(hostfile), "--launcher",
+                          "torchrun", "--results-dir", str(res), "--precision", "0.2", str(GPT), "--model", "tiny",
+                          "--deepspeed_config", str(ds_config(tmp_path, [1]))],
+                         capture_output=True, text=True, env=ENV, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((res / "results.json").read_text())
+    ok = [t for t in results["trials"] if t["state"] == "ok"]
+    assert ok
+    trial = res / ok[0]["name"]
+    assert {p.name for p in trial.glob("rank*.json")} == {"rank0.json", "rank1.json"}  # one rank per node
+    assert (trial / "launcher.node0.log").exists() and (trial / "launcher.node1.log").exists()
+    assert "--node-rank=1" in (trial / "cmd.txt").read_text()
+    assert trial_processes(res.resolve()) == []
+
+
+def test_two_trials_at_once_on_disjoint_cores(tmp_path):
+    res = tmp_path / "results"
+    out = subprocess.run([sys.executable, "-m", "zerotune.cli", "tune", "--num-gpus", "1",
+                          "--max-concurrent-trials", "2", "--results-dir", str(res), "--precision", "0.2", str(GPT),
+                          "--model", "tiny", "--deepspeed_config", str(ds_config(tmp_path, [0, 1]))],
+                         capture_output=True, text=True, env=ENV, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    spans = []
+    for trial in res.glob("z*"):
+        start = (trial / "cmd.txt").stat().st_mtime
+        end = (trial / "result.json").stat().st_mtime
+        spans.append((start, end))
+    spans.sort()
+    assert len(spans) >= 2 and spans[1][0] < spans[0][1]  # the second started before the first ended

@@ -1,0 +1,121 @@
+"""Multi-node placement: DeepSpeed's hostfile and filters, commands, checks before any trial."""
+import os
+import stat
+
+import pytest
+
+from zerotune import ConfigError, ZerotuneError
+from zerotune.launch._hosts import Host, read_hostfile, select_hosts
+from zerotune.launch._multinode import MultiNodeLauncher
+from zerotune.launch import TrialJob
+from zerotune.trial import TrialSpec
+
+
+def hostfile(tmp_path, text="# cluster\nworker-0 slots=4\nworker-1 slots=4  # spare\n\nworker-2 slots=4\n"):
+    p = tmp_path / "hostfile"
+    p.write_text(text)
+    return p
+
+
+def test_hostfile_in_deepspeeds_format(tmp_path):
+    assert read_hostfile(hostfile(tmp_path)) == {"worker-0": 4, "worker-1": 4, "worker-2": 4}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("worker-0 4\n", "is not 'hostname slots=N'"),
+    ("worker-0 slots=0\n", "at least 1"),
+    ("a slots=2\na slots=2\n", "listed twice"),
+    ("# nothing\n", "lists no host"),
+])
+def test_bad_hostfiles(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        read_hostfile(hostfile(tmp_path, text))
+
+
+def test_include_exclude_and_counts_as_deepspeed_reads_them(tmp_path):
+    hosts = read_hostfile(hostfile(tmp_path))
+    picked = select_hosts(hosts, num_nodes=None, num_gpus=None, include="worker-0:0,1@worker-2:2,3")
+    assert [(h.name, h.slots) for h in picked] == [("worker-0", (0, 1)), ("worker-2", (2, 3))]
+    picked = select_hosts(hosts, num_nodes=None, num_gpus=3, exclude="worker-1@worker-0:3")
+    assert [(h.name, h.slots) for h in picked] == [("worker-0", (0, 1, 2)), ("worker-2", (0, 1, 2))]
+    assert len(select_hosts(hosts, num_nodes=2, num_gpus=None)) == 2
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"include": "worker-9"}, "not in the hostfile"),
+    ({"include": "worker-0:7"}, "has no slot 7"),
+    ({"include": "worker-0", "exclude": "worker-1"}, "cannot both"),
+    ({"num_nodes": 4}, "more than the 3 host"),
+    ({"num_gpus": 8}, "more than host 'worker-0' offers"),
+    ({"include": "worker-0:0@worker-1"}, "different numbers of slots"),
+])
+def test_impossible_selections(tmp_path, kw, message):
+    args = {"num_nodes": None, "num_gpus": None, **kw}
+    with pytest.raises(ConfigError, match=message):
+        select_hosts(read_hostfile(hostfile(tmp_path)), **args)
+
+
+def job(tmp_path):
+    return TrialJob(spec=TrialSpec(stage=1, micro_batch=2), trial_dir=tmp_path, script="train.py", script_args=[],
+                    local_rank_arg=True, num_gpus=2, budget=None, warmup_steps=1, min_steps=3)
+
+
+def test_torchrun_agents_one_per_node_with_a_static_rendezvous(tmp_path):
+    launcher = MultiNodeLauncher([Host("worker-0", (0, 1)), Host("worker-1", (0, 1))], device="cuda",
+                                 launcher="torchrun")
+    argv = launcher.torchrun_argv(job(tmp_path), 1, 29555)
+    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    assert {"--nnodes=2", "--nproc-per-node=2", "--node-rank=1", "--master-addr=worker-0",
+            "--master-port=29555"} <= set(argv)
+    assert argv[-2:] == ["-m", "zerotune.probe"]
+
+
+def test_deepspeed_runner_gets_the_chosen_slots(tmp_path):
+    launcher = MultiNodeLauncher([Host("worker-0", (2, 3)), Host("worker-1", (0, 1))], device="cuda",
+                                 launcher="pdsh")
+    argv = launcher.runner_argv(tmp_path / "hostfile", 29555)
+    assert "--include=worker-0:2,3@worker-1:0,1" in argv and "--launcher=pdsh" in argv
+    assert "--master_addr=worker-0" in argv and argv[-2:] == ["--module", "zerotune.probe"]
+
+
+def fake_tool(tmp_path, monkeypatch, name, exit_code, message=""):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text(f"#!/bin/sh\necho '{message}' >&2\nexit {exit_code}\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+
+
+def test_missing_tool_is_one_error_before_any_trial(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no pdsh, no ssh here
+    with pytest.raises(ZerotuneError, match="needs 'pdsh'.*--launcher torchrun"):
+        MultiNodeLauncher([Host("worker-0", (0,)), Host("worker-1", (0,))], device="cpu").preflight()
+
+
+def test_unreachable_host_is_one_error_before_any_trial(tmp_path, monkeypatch):
+    fake_tool(tmp_path, monkeypatch, "ssh", 255, "ssh: connect to host worker-1 port 22: No route to host")
+    launcher = MultiNodeLauncher([Host("localhost", (0,)), Host("worker-1", (0,))], device="cpu",
+                                 launcher="torchrun")
+    with pytest.raises(ZerotuneError, match="cannot reach host 'worker-1' by ssh.*No route to host"):
+        launcher.preflight()
+
+
+def test_local_hosts_need_no_ssh(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    MultiNodeLauncher([Host("localhost", (0,)), Host("127.0.0.1", (0,))], device="cpu",
+                      launcher="torchrun").preflight()
+
+
+def test_tuner_needs_a_hostfile_for_several_nodes(tuner_factory):
+    with pytest.raises(ConfigError, match="--num-nodes 2 needs --hostfile"):
+        tuner_factory(num_nodes=2)
+    with pytest.raises(ConfigError, match="pick hosts from a --hostfile"):
+        tuner_factory(include="worker-0")
+
+
+def test_tuner_spans_the_hostfile(tuner_factory, tmp_path):
+    tuner = tuner_factory(hostfile=hostfile(tmp_path), include="worker-0:0,1@worker-1:0,1",
+                          multinode_launcher="torchrun")
+    assert (tuner.num_nodes, tuner.num_gpus, tuner.world, tuner.dp) == (2, 2, 4, 4)
+    assert tuner.candidates() == [1, 2, 4, 8, 16]  # the global batch of 64 over 4 data-parallel ranks
