@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml
 	else \
 		$(PY) -m pip install -q torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e '.[test,bench,lightning]'
+	$(PY) -m pip install -q -e '.[test,bench,lightning,tracking]'
+	# Debian's chromium renders report.html in the browser test (skipped where it cannot be installed).
+	command -v chromium >/dev/null 2>&1 || (apt-get install -y -q chromium >/dev/null 2>&1 || \
+		echo "chromium not installed: tests/test_report_browser.py will be skipped")
 	touch $(STAMP)
 
 demo: setup

@@ -9,7 +9,8 @@ the table answers. Counted: launched trials until one within 2% of the oracle's 
 
 Grid runs in DeepSpeed's order (the micro-batch varying fastest, each knob's values as listed);
 random in a seeded shuffle; model-based is zerotune's: first the prior (largest micro-batch,
-DeepSpeed's default knobs), then Optuna TPE. The sweep is the costly part (about 10 minutes);
+DeepSpeed's default knobs), then Optuna TPE. ``tpe_no_prior`` (TPE from random start-up points,
+no prior) is printed too, to show what the prior contributes. The sweep is the costly part (about 10 minutes);
 ``--reuse`` replays an earlier sweep, and seeds are then free.
 
     python bench/search_efficiency.py [--model small] [--reuse]
@@ -121,11 +122,14 @@ def main() -> None:
     print(f"oracle: {oracle} {ok[oracle]:.1f} samples/s; {len(within)} of {len(points)} within {WITHIN:.0%}: "
           + ", ".join(within))
     means = {}
-    for kind in ("model_based", "random", "gridsearch"):
-        counts = [replay(SEARCHERS[kind](space(), metric="throughput", seed=seed), table, target) for seed in SEEDS]
+    variants = {"model_based": ("model_based", {}), "tpe_no_prior": ("model_based", {"use_prior": False}),
+                "random": ("random", {}), "gridsearch": ("gridsearch", {})}
+    for label, (kind, kw) in variants.items():
+        counts = [replay(SEARCHERS[kind](space(), metric="throughput", seed=seed, **kw), table, target)
+                  for seed in SEEDS]
         shown = [c if c is not None else len(points) for c in counts]
-        means[kind] = statistics.mean(shown)
-        print(f"{kind:12} trials to within {WITHIN:.0%} per seed {SEEDS}: {counts}  mean {means[kind]:.1f}")
+        means[label] = statistics.mean(shown)
+        print(f"{label:12} trials to within {WITHIN:.0%} per seed {SEEDS}: {counts}  mean {means[label]:.1f}")
     print(f"search_efficiency: model_based={means['model_based']:.1f} random={means['random']:.1f} "
           f"grid={means['gridsearch']:.1f} oracle={len(points)}")
 

@@ -57,6 +57,22 @@ def test_show_on_a_folder_without_results(tmp_path):
     assert out.returncode == 2 and "holds no zerotune results" in out.stderr
 
 
+def test_report_and_show_read_a_tuning_without_rerunning_it(tmp_path, make_config, gpu_node, script):
+    from fakes import FakeLauncher
+    from zerotune import Autotuner
+
+    res = tmp_path / "results"
+    tuner = Autotuner([str(script), "--deepspeed_config", str(make_config())], num_gpus=2, memory_per_device="5GiB",
+                      launcher=FakeLauncher(), node=gpu_node, results_dir=res)
+    result = tuner.tune()
+    out = zerotune("report", res)
+    assert out.returncode == 0 and out.stdout.strip() == str(res / "report.html")
+    assert (res / "report" / "throughput.png").exists()
+    shown = zerotune("show", res)
+    assert shown.returncode == 0 and result.best.name in shown.stdout
+    assert zerotune("report", tmp_path).returncode == 2
+
+
 def test_no_script(tmp_path):
     out = zerotune("tune", "--num-gpus", "2")
     assert out.returncode == 2 and "no training script" in out.stderr

@@ -4,13 +4,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-USAGE = ("zerotune {tune,run} [options] script.py [script args]   |   zerotune show RESULTS_DIR   |   "
+USAGE = ("zerotune {tune,run} [options] script.py [script args]   |   zerotune {show,report} RESULTS_DIR   |   "
          "zerotune estimate (--params N | --hf-config FILE | --factory MOD:FN) [options]")
 DESCRIPTION = """Find the fastest DeepSpeed configuration for a training script on this machine.
 
   tune   run short, measured trials of the script and write the best config
   run    tune, then train with the best config
   show   print the summary of a finished or interrupted tuning
+  report write RESULTS_DIR/report.html (figures embedded) and report/*.png
   estimate  predict memory per ZeRO stage and offload, and the largest micro-batch that fits
 
 The script's own arguments (everything from script.py on) are passed through untouched; they
@@ -21,7 +22,7 @@ section is read with DeepSpeed's key names."""
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="zerotune", usage=USAGE, description=DESCRIPTION, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["tune", "run", "show", "estimate"])
+    p.add_argument("command", choices=["tune", "run", "show", "report", "estimate"])
     p.add_argument("--num-gpus", "--num_gpus", type=int, default=None,
                    help="processes per node (GPUs; on CPU, processes). Default: all GPUs, or 1 on CPU")
     p.add_argument("--num-nodes", "--num_nodes", type=int, default=None,
@@ -49,13 +50,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="stop measuring a trial once the 95%% interval of its step time is within this fraction")
     p.add_argument("--overwrite", action="store_true", help="discard finished trials instead of resuming")
     p.add_argument("--quiet", action="store_true", help="print only the result")
+    p.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="json: one JSON object per event on stdout, for machines (no other output there)")
+    p.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write TensorBoard scalars per trial to DIR (MLflow is used when MLFLOW_TRACKING_URI "
+                        "is set and mlflow is installed)")
     return p
 
 
 _VALUE_OPTIONS = {"--num-gpus", "--num_gpus", "--num-nodes", "--num_nodes", "--memory-per-device", "--results-dir",
                   "--hostfile", "--include", "--exclude", "--launcher", "--master-addr", "--master_addr",
                   "--time-budget", "--trial-timeout", "--stall-timeout", "--precision",
-                  "--max-concurrent-trials"}
+                  "--max-concurrent-trials", "--log-format", "--tensorboard"}
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     own, command = split_argv(argv)
     parser = _parser()
-    if own and own[0] == "show":
+    if own and own[0] in ("show", "report"):
         parser.add_argument("results_dir")
     args = parser.parse_args(own)
     try:
@@ -134,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
 
             print_summary(load_results(args.results_dir))
             return 0
+        if args.command == "report":
+            from .report_html import write_report
+
+            print(write_report(args.results_dir))
+            return 0
         return _tune(args, command)
     except ZerotuneError as e:
         print(f"zerotune: error: {e}", file=sys.stderr)
@@ -141,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tune(args: argparse.Namespace, command: list[str]) -> int:
-    from .render import ProgressPrinter, print_summary
+    from .progress import JsonEvents, ProgressPrinter
+    from .render import print_summary
     from .tuner import Autotuner
 
     if not command:
@@ -160,29 +172,54 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
         print("zerotune: error: --trial-timeout and --stall-timeout must be positive numbers of seconds",
               file=sys.stderr)
         return 2
-    printer = ProgressPrinter(quiet=args.quiet)
+    json_log = args.log_format == "json"
+    printer = JsonEvents() if json_log else ProgressPrinter(quiet=args.quiet)
+    sinks: list = [printer]
     tuner = Autotuner(command, num_gpus=args.num_gpus, num_nodes=args.num_nodes,
                       memory_per_device=args.memory_per_device, results_dir=args.results_dir,
                       budget=args.time_budget, trial_timeout=args.trial_timeout, precision=args.precision,
                       stall_timeout=args.stall_timeout, max_concurrent_trials=args.max_concurrent_trials,
                       hostfile=args.hostfile, include=args.include, exclude=args.exclude,
                       multinode_launcher=args.launcher, master_addr=args.master_addr,
-                      overwrite=True if args.overwrite else None, on_event=printer)
-    printer.metric = tuner.request.autotuning.metric
+                      overwrite=True if args.overwrite else None, on_event=lambda e: [s(e) for s in sinks])
+    printer.watch(tuner)
+    sinks += trackers(args.tensorboard)
+    for tracker in sinks[1:]:
+        tracker.start(tuner)
+    result = None
     try:
-        result = tuner.tune()
+        with printer:
+            result = tuner.tune()
     except KeyboardInterrupt:
         print(f"\nzerotune: interrupted; finished trials are kept in {tuner.results_dir}. "
               "Rerun the same command to resume.", file=sys.stderr)
         return 130
-    print_summary(result)
+    finally:
+        for tracker in sinks[1:]:
+            tracker.end(result, "FINISHED" if result is not None else "KILLED")
+    if json_log:
+        printer.result(result)
+    else:
+        print_summary(result)
     if args.command == "run":
-        printer.console.print(f"[bold]training with[/] {result.results_dir / 'ds_config_optimal.json'}")
+        print(f"training with {result.results_dir / 'ds_config_optimal.json'}", file=sys.stderr)
         try:
             return tuner.run_after_tuning()
         except KeyboardInterrupt:
             return 130
     return 0
+
+
+def trackers(tensorboard: str | None) -> list:
+    """Experiment trackers: MLflow when wanted (see tracking.mlflow_wanted), TensorBoard on request."""
+    from . import tracking
+
+    out: list = []
+    if tracking.mlflow_wanted():
+        out.append(tracking.MlflowTracker())
+    if tensorboard:
+        out.append(tracking.TensorBoardTracker(tensorboard))
+    return out
 
 
 if __name__ == "__main__":

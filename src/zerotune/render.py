@@ -1,4 +1,4 @@
-"""Terminal rendering of tuning progress and results (rich)."""
+"""Terminal rendering of results (rich); progress while tuning is in progress.py."""
 from __future__ import annotations
 
 from rich.console import Console
@@ -7,35 +7,6 @@ from rich.table import Table
 from .ranking import fmt_metric
 from .result import TuningResult
 from .units import format_size
-
-
-class ProgressPrinter:
-    """Renders TuningEvents as one line each."""
-
-    def __init__(self, quiet: bool = False, console: Console | None = None):
-        self.quiet = quiet
-        self.console = console or Console(stderr=True, highlight=False)
-        self.metric = "throughput"
-
-    def __call__(self, event) -> None:
-        if self.quiet:
-            return
-        n = event.index + 1
-        if event.kind == "started":
-            self.console.print(f"[dim]trial {n}[/] {event.spec.name} ...")
-        elif event.kind in ("finished", "reused"):
-            r = event.result
-            tag = " (from disk)" if event.kind == "reused" else f" {r.wall_time:.0f} s"
-            value = fmt_metric(self.metric, r) if r.state.value == "ok" else r.reason
-            color = "green" if r.state.value == "ok" else "yellow"
-            self.console.print(f"[dim]trial {n}[/] {r.name} [{color}]{r.state.value}[/] {value}  "
-                               f"peak {format_size(r.max_peak)}{tag}")
-        elif event.kind == "pruned":
-            self.console.print(f"[dim]trial {n}[/] {event.spec.name} [blue]pruned[/] {event.message}")
-        elif event.kind == "best":
-            self.console.print(f"  [bold]best so far:[/] {event.result.name}")
-        elif event.kind == "note":
-            self.console.print(f"  [dim]{event.message}[/]")
 
 
 def print_summary(result: TuningResult, console: Console | None = None) -> None:
@@ -55,7 +26,8 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
                       f"peak {format_size(b.max_peak)}/rank")
     for note in result.notes:
         console.print(f"[dim]note:[/] {note}")
-    console.print(f"results: {result.results_dir}/ (summary.txt, ds_config_optimal.json, cmd_optimal.txt)")
+    console.print(f"results: {result.results_dir}/ (summary.txt, ds_config_optimal.json, cmd_optimal.txt); "
+                  f"figures: zerotune report {result.results_dir}")
 
 
 def print_estimate(args) -> int:

@@ -295,7 +295,8 @@ class Autotuner:
             "state": state, "metric": self.request.autotuning.metric, "script": self.command.script,
             "args": list(self.command.args), "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
             "device": self.node.device,
-            "budget": self.budget, "wall_time": wall, "trials": [t.name for t in trials], "notes": list(notes)})
+            "budget": self.budget, "wall_time": wall, "trials": [t.name for t in trials], "notes": list(notes),
+            "user_config": self.user_config})
 
     # -- after tuning --------------------------------------------------------------------------
     def write_optimal_config(self, path: str | Path) -> Path:

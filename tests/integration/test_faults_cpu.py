@@ -36,14 +36,13 @@ def cpu_accelerator(monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
 
 
+# exit 1, the word "error" in output and a slow start are covered by unit tests and by
+# bench/faults.py; these four need real processes to show that nothing hangs or lingers.
 @pytest.mark.parametrize("fault, state, reason", [
-    ("exit1", TrialState.CRASHED, "exited with status 1"),
     ("segv", TrialState.CRASHED, "SIGSEGV"),
     ("hang", TrialState.TIMEOUT, "hung: no forward or optimizer step"),
     ("oom", TrialState.OOM, "out of memory"),
-    ("error_words", TrialState.OK, ""),
     ("rank_dies", TrialState.CRASHED, "rank 1 ended without reporting a result"),
-    ("slow_start", TrialState.OK, ""),
 ])
 def test_fault_is_classified_without_hanging_or_orphans(tmp_path, fault, state, reason):
     shm_before = shm_buffers()

@@ -46,7 +46,7 @@ def test_hugging_face_style_script_is_tuned_through_arg_mappings_and_trained(tmp
 
 def test_fast_false_runs_a_knob_search_with_real_deepspeed(tmp_path):
     cfg = {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-           "zero_optimization": {"stage": 2, "overlap_comm": [True, False], "contiguous_gradients": [True, False]},
+           "zero_optimization": {"stage": 2, "overlap_comm": [True, False]},
            "autotuning": {"max_train_batch_size": 32, "start_profile_step": 2, "end_profile_step": 5,
                           "tuner_type": "model_based", "tuner_early_stopping": 2}}
     tuner = Autotuner([str(ROOT / "examples" / "gpt.py"), "--model", "tiny"], cfg, num_gpus=2,

@@ -91,7 +91,8 @@ class Tuning:
             self.result = None  # the trials' folder was removed; the cached config still holds
 
     def _tune(self, job: LightningJob) -> None:
-        from ..render import ProgressPrinter, print_summary
+        from ..progress import ProgressPrinter
+        from ..render import print_summary
         from ..tuner import Autotuner
 
         if job.batch_size is None:
@@ -114,8 +115,9 @@ class Tuning:
                           budget=self.time_budget, memory_per_device=self.memory_per_device,
                           trial_timeout=self.trial_timeout, overwrite=True if self.retune else None, on_event=printer,
                           offload=job.offload)
-        printer.metric = tuner.request.autotuning.metric
-        print_summary(tuner.tune(), printer.console)
+        with printer.watch(tuner):
+            result = tuner.tune()
+        print_summary(result, printer.console)
 
 
 def _not_cached_message(job: LightningJob) -> str:

@@ -28,9 +28,10 @@ def _ordered(values: tuple) -> bool:
 
 
 class ModelBasedSearch(SpaceSearch):
-    def __init__(self, space: Space, *, seed: int = 0, prior: dict[str, Any] | None = None, **kw):
+    def __init__(self, space: Space, *, seed: int = 0, prior: dict[str, Any] | None = None, use_prior: bool = True,
+                 **kw):
         """``prior``: values of the first point to try (default: the largest micro-batch and
-        DeepSpeed's defaults)."""
+        DeepSpeed's defaults); ``use_prior`` False: TPE from random start-up points alone."""
         import optuna
         from optuna.distributions import CategoricalDistribution, IntDistribution
 
@@ -46,7 +47,8 @@ class ModelBasedSearch(SpaceSearch):
         self._rng = random.Random(seed)
         self._trials: dict[str, Any] = {}
         """Point name -> the Optuna trial asked for it and not yet told."""
-        self.study.enqueue_trial(self._encode(self._prior(prior or {})))
+        if use_prior:
+            self.study.enqueue_trial(self._encode(self._prior(prior or {})))
 
     # -- encoding ------------------------------------------------------------------------------
     def _prior(self, given: dict[str, Any]) -> dict[str, Any]:
