@@ -86,3 +86,20 @@ def test_progress_state_counts_and_time_left(tmp_path, make_config, gpu_node, sc
     assert state.best is not None and state.best.name == result.best.name
     line = state.status()
     assert "trial" in line and "best " + result.best.name in line and "left" in line
+
+
+def test_printed_reasons_and_notes_are_never_markup(capsys):
+    """A reason that quotes a path in brackets ("[/__w/pytorch/...]") once crashed the printer."""
+    from rich.console import Console
+
+    from zerotune.progress import ProgressPrinter
+    from zerotune.trial import TrialResult, TrialSpec
+    from zerotune.tuner import TuningEvent
+
+    console = Console(file=io.StringIO(), width=200)
+    printer = ProgressPrinter(console=console)
+    bad = "RuntimeError: [/__w/pytorch/third_party/gloo/pair.cc:537] Read error [bold]"
+    result = TrialResult(spec=TrialSpec(stage=1, micro_batch=2), state=TrialState.CRASHED, reason=bad)
+    printer(TuningEvent("finished", 0, 5, result.spec, result))
+    printer(TuningEvent("note", message=bad))
+    assert console.file.getvalue().count("[/__w/pytorch/third_party/gloo/pair.cc:537]") == 2

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .ranking import fmt_metric
@@ -15,19 +16,20 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
     for col in ("stage", "trials", "ok", "oom", "failed", "pruned", f"best {result.metric}", "best trial"):
         table.add_column(col)
     for row in result.summary_rows():
-        table.add_row(*(str(row[k]) for k in ("stage", "trials", "ok", "oom", "failed", "pruned", "best",
-                                              "best_trial")))
+        table.add_row(*(escape(str(row[k])) for k in ("stage", "trials", "ok", "oom", "failed", "pruned", "best",
+                                                      "best_trial")))
     console.print(table)
     if result.best is None:
         console.print("[red]no configuration succeeded[/]")
     else:
         b = result.best
-        console.print(f"[bold green]best:[/] {b.name}  {fmt_metric(result.metric, b)}  "
+        console.print(f"[bold green]best:[/] {escape(b.name)}  {fmt_metric(result.metric, b)}  "
                       f"peak {format_size(b.max_peak)}/rank")
     for note in result.notes:
-        console.print(f"[dim]note:[/] {note}")
-    console.print(f"results: {result.results_dir}/ (summary.txt, ds_config_optimal.json, cmd_optimal.txt); "
-                  f"figures: zerotune report {result.results_dir}")
+        console.print(f"[dim]note:[/] {escape(note)}")  # notes quote trial reasons: never markup
+    where = escape(str(result.results_dir))
+    console.print(f"results: {where}/ (summary.txt, ds_config_optimal.json, cmd_optimal.txt); "
+                  f"figures: zerotune report {where}")
 
 
 def print_estimate(args) -> int:
@@ -56,7 +58,7 @@ def print_estimate(args) -> int:
         t.add_row(str(r["stage"]), off, format_size(r["device_bytes"]), format_size(r["host_bytes_per_node"]),
                   "[red]does not fit[/]" if fits is None else str(fits))
     console.print(t)
-    console.print(f"[dim]model: {size.source}; fixed overhead {format_size(overhead)} per device[/]")
+    console.print(f"[dim]model: {escape(size.source)}; fixed overhead {format_size(overhead)} per device[/]")
     if size.activation_per_sample is None:
         console.print("[dim]activations unknown (give --hf-config or --activation-per-sample): '?' means the model "
                       "states fit at micro-batch 1 and the limit depends on activations[/]")

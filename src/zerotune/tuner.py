@@ -11,10 +11,11 @@ from . import hardware
 from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
-from .launch import Launcher, LocalLauncher, Slot, TrialJob, plan_slots
+from .launch import Launcher, LocalLauncher, Slot, TrialJob, plan_slots, reap
 from .launch._hosts import Host, read_hostfile, select_hosts
 from .launch._multinode import MultiNodeLauncher
 from .lightning_job import LightningJob, inspect_script, lightning_form, looks_like_lightning
+from .loop import PhaseRun
 from .memory import MemoryModel
 from .memory_terms import MemorySetup
 from .ranking import choose_best
@@ -197,15 +198,11 @@ class Autotuner:
         trials: list[TrialResult] = []
         self._launched = 0
         self._best_name = None
-        from .launch import reap
-
         self.launcher.preflight()  # a missing tool or an unreachable host: one error before any trial
         if reaped := reap(self.results_dir):
             self._note(f"ended {reaped} trial process(es) left running by an earlier, killed tuning of "
                        f"{self.results_dir}")
         self._write_session(store, "running", [], 0.0)
-        from .loop import PhaseRun
-
         run = PhaseRun(self, store, trials, start)
         try:
             for searcher, stopper in self._phases(trials):

@@ -91,6 +91,8 @@ class Tuning:
             self.result = None  # the trials' folder was removed; the cached config still holds
 
     def _tune(self, job: LightningJob) -> None:
+        from rich.markup import escape
+
         from ..progress import ProgressPrinter
         from ..render import print_summary
         from ..tuner import Autotuner
@@ -106,7 +108,7 @@ class Tuning:
                               "`zerotune tune train.py` and pass autotune=False here")
         printer = ProgressPrinter()
         printer.console.print(f"[bold]zerotune:[/] tuning DeepSpeed for this model on {job.world_size} "
-                              f"process(es); results go to {job.cache_dir}/{job.fingerprint}")
+                              f"process(es); results go to {escape(f'{job.cache_dir}/{job.fingerprint}')}")
         if job.batch_size_attr is None:
             printer.console.print(f"  [dim]micro-batch fixed at the DataLoader's {job.batch_size}: no batch_size "
                                   "attribute to change it through[/]")
