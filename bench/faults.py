@@ -108,8 +108,11 @@ def killed(sig: int) -> tuple[bool, int, int, str]:
     lost = sum(1 for name, t in before.items() if not (res / name / "result.json").exists()
                or (res / name / "result.json").stat().st_mtime != t)
     ok = again.returncode == 0 and told and states(res) == {0: "ok", 1: "ok"} and bool(before)
-    return ok, lost, left_after_kill + orphans(res), f"{len(before)} finished before the kill, rerun exit " \
-                                                     f"{again.returncode}, states {states(res)}"
+    detail = (f"{len(before)} finished before the kill, killed run exit {proc.returncode}, rerun exit "
+              f"{again.returncode}, states {states(res)}")
+    if not told:
+        detail += f"; no resume hint in: {err.strip()[-300:]!r}"
+    return ok, lost, left_after_kill + orphans(res), detail
 
 
 def port_taken() -> tuple[bool, int, int, str]:

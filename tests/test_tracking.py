@@ -17,9 +17,14 @@ def tune_with(tmp_path, make_config, gpu_node, script, tracker):
     return result
 
 
-def test_mlflow_parent_run_with_a_nested_run_per_trial(tmp_path, make_config, gpu_node, script, monkeypatch):
+@pytest.mark.parametrize("store", ["file", "sqlite"])
+def test_mlflow_parent_run_with_a_nested_run_per_trial(tmp_path, make_config, gpu_node, script, monkeypatch, store):
     pytest.importorskip("mlflow")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    if store == "file":  # MLflow 3 keeps its file store only on request
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        uri = (tmp_path / "mlruns").as_uri()
+    else:
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     import mlflow
 
