@@ -165,6 +165,9 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
         raise KeyboardInterrupt  # unwinds through tune(), which ends the running trial's processes
 
     signal.signal(signal.SIGTERM, terminate)
+    # Also when started with SIGINT ignored (a background job of a script inherits that): an
+    # explicit interrupt still ends the trials and keeps the results.
+    signal.signal(signal.SIGINT, terminate)
     if not 0 < args.precision < 1:
         print("zerotune: error: --precision must be a fraction between 0 and 1, e.g. 0.03", file=sys.stderr)
         return 2

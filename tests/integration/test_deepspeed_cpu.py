@@ -111,7 +111,11 @@ def test_tuner_exit_leaves_no_trial_process(tmp_path, sig):
     proc = subprocess.Popen([sys.executable, "-m", "zerotune.cli", "tune", "--num-gpus", "2", "--results-dir",
                              str(res), str(hang), "--deepspeed_config",
                              str(config(tmp_path, zero_optimization={"stage": 1}))],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # Started as a script's background job is: with SIGINT ignored. An explicit
+                            # interrupt must still end the tuning cleanly.
+                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sig == "SIGINT"
+                            else None)
     deadline = time.monotonic() + 60
     while len(trial_processes(res.resolve())) < 3 and time.monotonic() < deadline:  # launcher + 2 ranks
         time.sleep(0.2)
