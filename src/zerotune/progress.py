@@ -61,17 +61,20 @@ class ProgressState:
         return left
 
     def status(self) -> str:
+        """Two lines: where the tuning stands, then what runs and what leads (a narrow terminal
+        crops the second, never the first)."""
         now = time.monotonic()
-        parts = [f"trial {self.launched} of at most {self.max_trials}"]
-        if self.running:
-            parts.append("running " + ", ".join(f"{n} ({now - t:.0f} s)" for n, t in self.running.items()))
-        if self.best is not None:
-            parts.append(f"best {self.best.name} {fmt_metric(self.metric, self.best)}")
-        parts.append(" ".join(f"{k} {self.counts[k]}" for k in ("ok", "oom", "pruned", "failed")))
+        head = [f"trial {self.launched} of at most {self.max_trials}",
+                " ".join(f"{k} {self.counts[k]}" for k in ("ok", "oom", "pruned", "failed"))]
         left = self.time_left()
         if left is not None:
-            parts.append(f"at most {_duration(left)} left")
-        return " | ".join(parts)
+            head.append(f"at most {_duration(left)} left")
+        tail = []
+        if self.running:
+            tail.append("running " + ", ".join(f"{n} ({now - t:.0f} s)" for n, t in self.running.items()))
+        if self.best is not None:
+            tail.append(f"best {self.best.name} {fmt_metric(self.metric, self.best)}")
+        return " | ".join(head) + ("\n" + " | ".join(tail) if tail else "")
 
 
 def _duration(seconds: float) -> str:

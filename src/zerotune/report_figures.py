@@ -139,18 +139,23 @@ def plot_memory(points: list[MemoryPoint], budget: int | None, path: Path) -> Pa
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     gib = 1024**3
-    for stage in sorted({p.stage for p in points}):
+    for i, stage in enumerate(sorted({p.stage for p in points})):
+        color = f"C{i}"
         mine = [p for p in points if p.stage == stage]
-        ax.scatter([p.micro_batch for p in mine], [p.measured / gib for p in mine], marker="o",
+        ax.scatter([p.micro_batch for p in mine], [p.measured / gib for p in mine], marker="o", color=color,
                    label=f"stage {stage} measured")
         pred = [p for p in mine if p.predicted is not None]
-        ax.scatter([p.micro_batch for p in pred], [p.predicted / gib for p in pred], marker="x",
-                   label=f"stage {stage} predicted")
-    if budget:
+        ax.scatter([p.micro_batch for p in pred], [p.predicted / gib for p in pred], marker="x", color=color,
+                   s=60, label=f"stage {stage} predicted")
+    top = max((p.measured for p in points), default=0)
+    if budget and budget <= 2 * top:
         ax.axhline(budget / gib, color="#c92a2a", linestyle="--", label="budget")
+    elif budget:  # far above every peak: a line there would flatten the points
+        ax.set_title(f"peak memory: measured vs predicted (budget {budget / gib:.1f} GiB, off the scale)")
     _micro_batch_axis(ax, [p.micro_batch for p in points])
     ax.set_ylabel("peak memory per rank (GiB)")
-    ax.set_title("peak memory: measured vs predicted")
+    if not ax.get_title():
+        ax.set_title("peak memory: measured vs predicted")
     if points:
         ax.legend(fontsize=7)
     fig.tight_layout()
