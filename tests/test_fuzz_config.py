@@ -44,7 +44,7 @@ def tune_inputs(config, world):
     return request
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ds_config, st.integers(1, 16))
 def test_any_ds_config_is_accepted_or_a_clear_error(config, world):
     try:
@@ -53,7 +53,7 @@ def test_any_ds_config_is_accepted_or_a_clear_error(config, world):
         assert str(e).strip(), "an error must say what is wrong"
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.text(max_size=60))
 def test_any_file_text_is_accepted_or_a_clear_error(tmp_path_factory, text):
     path = tmp_path_factory.mktemp("cfg") / "ds.json"

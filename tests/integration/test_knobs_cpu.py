@@ -17,8 +17,9 @@ ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}
 def test_hugging_face_style_script_is_tuned_through_arg_mappings_and_trained(tmp_path):
     cfg = json.loads((ROOT / "examples" / "ds_config_hf.json").read_text())
     cfg["zero_optimization"]["stage"] = 0
+    # One trial: the mapping is the point here, not the search.
     cfg["autotuning"].update({"max_train_batch_size": 32, "min_train_micro_batch_size_per_gpu": 8,
-                              "max_train_micro_batch_size_per_gpu": 16})
+                              "max_train_micro_batch_size_per_gpu": 8})
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(cfg))
     res = tmp_path / "results"
@@ -29,7 +30,7 @@ def test_hugging_face_style_script_is_tuned_through_arg_mappings_and_trained(tmp
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads((res / "results.json").read_text())
     ok = [t for t in results["trials"] if t["state"] == "ok"]
-    assert {t["spec"]["micro_batch"] for t in ok} == {8, 16}
+    assert [t["spec"]["micro_batch"] for t in ok] == [8]
     for t in ok:  # each trial's script got its micro-batch as an argument; "auto" stayed in its config
         mb, gas = t["spec"]["micro_batch"], t["spec"]["grad_accum"]
         trial_dir = next(d for d in res.iterdir() if d.is_dir() and d.name.startswith(f"z0_mb{mb}_"))
