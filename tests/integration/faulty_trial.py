@@ -3,6 +3,7 @@ reliability tests and of bench/faults.py.
 
     --faults '{"0": "segv"}'   ZeRO stage -> fault; other stages train normally
     --at-step 1                the optimizer step after which the fault strikes
+    --fault-once PATH          strike only if PATH does not exist yet (and create it): a rerun is clean
 
 Faults: exit1 (every rank exits with status 1), segv (rank 1 dies of SIGSEGV), hang (every rank
 stops making progress), oom (a CUDA out-of-memory error), error_words (prints "error" lines but
@@ -27,11 +28,17 @@ def main() -> None:
     p.add_argument("--local_rank", type=int, default=-1)
     p.add_argument("--faults", default="{}")
     p.add_argument("--at-step", type=int, default=1)
+    p.add_argument("--fault-once", default=None)
     p = deepspeed.add_config_arguments(p)
     args = p.parse_args()
     faults = json.loads(args.faults)
     stage = json.load(open(args.deepspeed_config))["zero_optimization"]["stage"]
     fault = faults.get(str(stage))
+    if fault and args.fault_once:
+        if os.path.exists(args.fault_once):
+            fault = None
+        elif int(os.environ.get("RANK", "0")) == 0:
+            open(args.fault_once, "w").close()
     if fault == "slow_start":
         time.sleep(5)
     torch.manual_seed(0)

@@ -85,7 +85,7 @@ def test_sigkill_mid_trial_then_rerun_resumes_and_ends_the_leftovers(tmp_path):
     # Stage 1's ranks ignore SIGTERM and stop making progress: only SIGKILL ends them.
     cmd = [sys.executable, "-m", "zerotune.cli", "tune", "--num-gpus", "2", "--results-dir", str(res),
            "--precision", "0.2", "--stall-timeout", "5", str(FAULTY), "--faults", '{"1": "ignore_term"}',
-           "--deepspeed_config", str(cfg)]
+           "--fault-once", str(tmp_path / "struck"), "--deepspeed_config", str(cfg)]
     env = {**__import__("os").environ, "DS_ACCELERATOR": "cpu"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     def stepped():  # stage 1's ranks are past step 1: SIGTERM is ignored from now on
@@ -100,7 +100,10 @@ def test_sigkill_mid_trial_then_rerun_resumes_and_ends_the_leftovers(tmp_path):
     first_written = first.stat().st_mtime
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
-    time.sleep(3)
+    deadline = time.monotonic() + 10  # the launcher dies with the tuner; the ranks get SIGTERM
+    while time.monotonic() < deadline and len(trial_processes(res)) > len(leftovers(res)):
+        time.sleep(0.2)
+    time.sleep(0.5)
     assert leftovers(res), "the ranks that ignore SIGTERM outlive the killed tuner"
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -108,6 +111,6 @@ def test_sigkill_mid_trial_then_rerun_resumes_and_ends_the_leftovers(tmp_path):
     assert first.stat().st_mtime == first_written  # the finished trial was not rerun
     results = json.loads((res / "results.json").read_text())
     states = {t["spec"]["stage"]: t["state"] for t in results["trials"]}
-    assert states == {0: "ok", 1: "timeout"}  # the interrupted trial ran again (and hung again)
+    assert states == {0: "ok", 1: "ok"}  # the interrupted trial ran again (its fault struck only once)
     time.sleep(1)
     assert trial_processes(res) == [] and leftovers(res) == []

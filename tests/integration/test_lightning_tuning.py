@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("lightning")
 pytestmark = pytest.mark.integration
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lightning_gpt.py"
-# Global batch 4 x 2 processes: micro-batches 1, 2, 4 of one stage keep each tuning short.
-ARGS = ["--model", "tiny", "--devices", "2", "--batch-size", "4", "--max-steps", "12", "--stage", "1"]
+# Global batch 2 x 2 processes: micro-batches 1 and 2 of one stage keep each tuning short.
+ARGS = ["--model", "tiny", "--devices", "2", "--batch-size", "2", "--max-steps", "12", "--stage", "1"]
 
 
 def env(**extra):
@@ -34,7 +34,7 @@ def test_strategy_tunes_on_first_fit_then_trains_from_the_cache(tmp_path):
     assert "tuning DeepSpeed for this model" in first.stderr and "final loss" in first.stdout
     (entry_path,) = cache.glob("*/tuned.json")
     entry = json.loads(entry_path.read_text())
-    assert "gradient_accumulation_steps" not in entry["config"] and entry["config"]["train_batch_size"] == 8
+    assert "gradient_accumulation_steps" not in entry["config"] and entry["config"]["train_batch_size"] == 4
     assert f"training with {entry['best']} (batch_size={entry['batch_size']}" in first.stderr
     assert f"tuned: {entry['best']}" in first.stdout  # strategy.tuning_result
     trials = sorted(p.parent.name for p in entry_path.parent.glob("*/result.json"))
@@ -69,7 +69,7 @@ def test_cli_tunes_a_lightning_script_unmodified(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert "gradient_accumulation_steps" not in optimal and optimal["zero_optimization"]["stage"] == 1
-    assert optimal["train_batch_size"] == 8  # the script's batch_size 4 x 2 processes
+    assert optimal["train_batch_size"] == 4  # the script's batch_size 2 x 2 processes
     cmd = (results / "cmd_optimal.txt").read_text().strip()
     assert "PL_DEEPSPEED_CONFIG_PATH=" in cmd
     # The written command trains with the tuned config, which Lightning accepts.
