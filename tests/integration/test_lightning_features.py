@@ -105,10 +105,11 @@ def test_two_optimizers_is_a_clear_error(tmp_path):
 def test_bundled_lightning_example_trains(tmp_path):
     example = Path(__file__).resolve().parents[2] / "examples" / "lightning_gpt.py"
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(example), "--model", "tiny", "--devices", "2", "--max-steps", "30",
+    # 100 steps: after 30 the last batch's loss was still within noise of a uniform guess (flaky).
+    out = subprocess.run([sys.executable, str(example), "--model", "tiny", "--devices", "2", "--max-steps", "100",
                           "--no-tune"],
                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     # Both ranks share stdout, where other output can run into the line: match the number only.
     loss = float(re.search(r"final loss (\d+\.\d{4})", out.stdout).group(1))
-    assert loss < math.log(512)  # below the loss of a uniform guess over the tiny vocabulary
+    assert loss < math.log(512) - 0.3  # clearly below a uniform guess over the tiny vocabulary (6.24)
