@@ -127,12 +127,7 @@ def plot_throughput(data, metric: str, path: Path) -> Path:
     _micro_batch_axis(ax, [m for rows in data.values() for m, _, _ in rows])
     ax.set_ylabel({"throughput": "samples/s", "latency": "s per step", "flops": "FLOP/s"}[metric])
     ax.set_title(f"{metric} by micro-batch (95% intervals)")
-    if data:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, legend=bool(data))
 
 
 def plot_memory(points: list[MemoryPoint], budget: int | None, path: Path) -> Path:
@@ -147,16 +142,20 @@ def plot_memory(points: list[MemoryPoint], budget: int | None, path: Path) -> Pa
         pred = [p for p in mine if p.predicted is not None]
         ax.scatter([p.micro_batch for p in pred], [p.predicted / gib for p in pred], marker="x", color=color,
                    s=60, label=f"stage {stage} predicted")
+    title = "peak memory: measured vs predicted"
     top = max((p.measured for p in points), default=0)
     if budget and budget <= 2 * top:
         ax.axhline(budget / gib, color="#c92a2a", linestyle="--", label="budget")
     elif budget:  # far above every peak: a line there would flatten the points
-        ax.set_title(f"peak memory: measured vs predicted (budget {budget / gib:.1f} GiB, off the scale)")
+        title += f" (budget {budget / gib:.1f} GiB, off the scale)"
     _micro_batch_axis(ax, [p.micro_batch for p in points])
     ax.set_ylabel("peak memory per rank (GiB)")
-    if not ax.get_title():
-        ax.set_title("peak memory: measured vs predicted")
-    if points:
+    ax.set_title(title)
+    return _save(plt, fig, ax, path, legend=bool(points))
+
+
+def _save(plt, fig, ax, path: Path, *, legend: bool) -> Path:
+    if legend:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
