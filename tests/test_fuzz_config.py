@@ -38,7 +38,7 @@ def tune_inputs(config, world):
         dims = stage_dimensions(stage, request.space_config, defaults=True)
         space = Space(stage=stage, dims=tuple(dims), global_batch=None, dp=world)
         assert space.size >= 1
-        cfg = trial_config(request.base_config, TrialSpec(stage=stage, micro_batch=1), world)
+        cfg = trial_config(request.base(stage), TrialSpec(stage=stage, micro_batch=1), world)
         json.dumps(cfg)
         MemorySetup.from_config(cfg, num_params=1000, dp=world)
     return request

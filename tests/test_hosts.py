@@ -63,7 +63,7 @@ def job(tmp_path):
 def test_torchrun_agents_one_per_node_with_a_static_rendezvous(tmp_path):
     launcher = MultiNodeLauncher([Host("worker-0", (0, 1)), Host("worker-1", (0, 1))], device="cuda",
                                  launcher="torchrun")
-    argv = launcher.torchrun_argv(job(tmp_path), 1, 29555)
+    argv = launcher.torchrun_argv(job(tmp_path).num_gpus, 1, 29555)
     assert argv[1:3] == ["-m", "torch.distributed.run"]
     assert {"--nnodes=2", "--nproc-per-node=2", "--node-rank=1", "--master-addr=worker-0",
             "--master-port=29555"} <= set(argv)

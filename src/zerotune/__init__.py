@@ -11,13 +11,14 @@ from ._errors import ConfigError, LaunchError, NoFeasibleConfigError, ZerotuneEr
 if TYPE_CHECKING:
     from .result import TuningResult, load_results
     from .trial import TrialResult, TrialSpec, TrialState
-    from .tuner import Autotuner, TuningEvent
+    from .record import TuningEvent
+    from .tuner import Autotuner
 
 __all__ = ["Autotuner", "ConfigError", "LaunchError", "NoFeasibleConfigError", "TrialResult", "TrialSpec",
            "TrialState", "TuningEvent", "TuningResult", "ZerotuneError", "load_results"]
 __version__ = "0.1.0"
 
-_LAZY = {"Autotuner": "tuner", "TuningEvent": "tuner", "TuningResult": "result", "load_results": "result",
+_LAZY = {"Autotuner": "tuner", "TuningEvent": "record", "TuningResult": "result", "load_results": "result",
          "TrialResult": "trial", "TrialSpec": "trial", "TrialState": "trial"}
 
 

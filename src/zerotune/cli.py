@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", type=float, default=0.03,
                    help="stop measuring a trial once the 95%% interval of its step time is within this fraction")
     p.add_argument("--overwrite", action="store_true", help="discard finished trials instead of resuming")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="run again the stored trials that crashed, timed out or ran out of memory (they are reused "
+                        "otherwise, unless the timeouts or memory budget that failed them changed)")
     p.add_argument("--quiet", action="store_true", help="print only the result")
     p.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="json: one JSON object per event on stdout, for machines (no other output there)")
@@ -111,6 +114,24 @@ def _estimate_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    for stream in (sys.stdout, sys.stderr):  # an ASCII-only terminal gets "?" for "±", not a crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="replace")
+    try:
+        return _main(argv)
+    except OSError as e:  # a file zerotune was pointed at cannot be read or written: name it
+        where = f" {e.filename}" if e.filename else ""
+        print(_error(f"cannot use{where}: {e.strerror or e}; check the path and its permissions"), file=sys.stderr)
+        return 2
+
+
+def _error(message: object) -> str:
+    from .terminal_text import plain
+
+    return f"zerotune: error: {plain(message)}"
+
+
+def _main(argv: list[str]) -> int:
     from ._errors import ZerotuneError
 
     if argv[:1] == ["estimate"]:
@@ -126,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return print_estimate(args)
         except ZerotuneError as e:
-            print(f"zerotune: error: {e}", file=sys.stderr)
+            print(_error(e), file=sys.stderr)
             return 2
     own, command = split_argv(argv)
     parser = _parser()
@@ -147,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return _tune(args, command)
     except ZerotuneError as e:
-        print(f"zerotune: error: {e}", file=sys.stderr)
+        print(_error(e), file=sys.stderr)
         return 2
 
 
@@ -168,13 +189,6 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
     # Also when started with SIGINT ignored (a background job of a script inherits that): an
     # explicit interrupt still ends the trials and keeps the results.
     signal.signal(signal.SIGINT, terminate)
-    if not 0 < args.precision < 1:
-        print("zerotune: error: --precision must be a fraction between 0 and 1, e.g. 0.03", file=sys.stderr)
-        return 2
-    if args.trial_timeout <= 0 or args.stall_timeout <= 0:
-        print("zerotune: error: --trial-timeout and --stall-timeout must be positive numbers of seconds",
-              file=sys.stderr)
-        return 2
     json_log = args.log_format == "json"
     printer = JsonEvents() if json_log else ProgressPrinter(quiet=args.quiet)
     sinks: list = [printer]
@@ -184,7 +198,8 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
                       stall_timeout=args.stall_timeout, max_concurrent_trials=args.max_concurrent_trials,
                       hostfile=args.hostfile, include=args.include, exclude=args.exclude,
                       multinode_launcher=args.launcher, master_addr=args.master_addr,
-                      overwrite=True if args.overwrite else None, on_event=lambda e: [s(e) for s in sinks])
+                      overwrite=True if args.overwrite else None, retry_failed=args.retry_failed,
+                      on_event=lambda e: [s(e) for s in sinks])
     printer.watch(tuner)
     sinks += trackers(args.tensorboard)
     for tracker in sinks[1:]:

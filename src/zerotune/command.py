@@ -8,6 +8,7 @@ from pathlib import Path
 from ._errors import ConfigError, LaunchError
 
 CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
+_IMPORT = re.compile(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", re.M)
 
 
 @dataclass(frozen=True)
@@ -16,13 +17,53 @@ class UserCommand:
     args: tuple[str, ...]
     local_rank: bool | None = None
     """Pass --local_rank to each rank; None: decide from the script's source."""
+    code: tuple[str, ...] = ()
+    """Files of the user's code besides the script (a function target's module)."""
 
     @classmethod
     def from_callable(cls, fn) -> "UserCommand":
         """An in-Python entry point ``fn(ds_config: dict)``, run through zerotune's entry script."""
+        import sys
+
         from . import entry
 
-        return cls(entry.__file__, tuple(entry.entry_args(fn)), local_rank=False)
+        file = getattr(sys.modules.get(fn.__module__), "__file__", None)
+        return cls(entry.__file__, tuple(entry.entry_args(fn)), local_rank=False, code=(file,) if file else ())
+
+    def code_files(self) -> list[Path]:
+        """The user's code that a trial runs, as far as it is found cheaply: the script (or the
+        function's module) and the modules it imports from its own folder."""
+        files = [Path(self.script), *map(Path, self.code)]
+        out: list[Path] = []
+        for f in files:
+            out.append(f)
+            try:
+                text = f.read_text(errors="replace")
+            except OSError:
+                continue
+            for name in sorted(set(_IMPORT.findall(text))):
+                for candidate in (f.parent / f"{name}.py", f.parent / name / "__init__.py"):
+                    if candidate.is_file() and candidate not in out:
+                        out.append(candidate)
+        return out
+
+    def code_identity(self) -> str:
+        """A hash of :meth:`code_files`' contents: an edit to the model changes it, moving the
+        folder does not."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for f in self.code_files():
+            try:
+                h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+            except OSError:
+                h.update(f.name.encode() + b"\0missing\0")
+        return h.hexdigest()[:16]
+
+    def identity_args(self) -> list[str]:
+        """The arguments as they matter to what a trial measures: the ds_config's path is left
+        out (its content is part of each trial's identity), so moving the file changes nothing."""
+        return self.trial_args("<ds_config>") if self.config_position() is not None else list(self.args)
 
     @classmethod
     def parse(cls, command: list[str] | tuple[str, ...]) -> "UserCommand":

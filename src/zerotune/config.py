@@ -19,6 +19,11 @@ STAGES = (0, 1, 2, 3)
 OBJECT_SECTIONS = ("zero_optimization", "fp16", "bf16", "optimizer", "scheduler", "activation_checkpointing",
                    "flops_profiler")
 """Top-level ds_config keys whose value DeepSpeed reads as an object."""
+MAX_MICRO_BATCH = 2**16
+MAX_GLOBAL_BATCH = 2**30
+MAX_PROCESSES = 2**16
+"""Bounds on sizes read from configs and options: far above any real job, low enough that
+nothing built from them (candidate lists, slot lists) can exhaust memory."""
 
 
 class ModelInfo(BaseModel):
@@ -26,9 +31,9 @@ class ModelInfo(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     profile: bool = False
-    num_params: int | None = Field(default=None, gt=0)
-    hidden_size: int | None = Field(default=None, gt=0)
-    num_layers: int | None = Field(default=None, gt=0)
+    num_params: int | None = Field(default=None, gt=0, le=10**15)
+    hidden_size: int | None = Field(default=None, gt=0, le=10**7)
+    num_layers: int | None = Field(default=None, gt=0, le=10**6)
 
 
 class AutotuningConfig(BaseModel):
@@ -43,17 +48,17 @@ class AutotuningConfig(BaseModel):
     overwrite: bool = False
     metric: Literal["throughput", "latency", "flops"] = "throughput"
     metric_path: str | None = None
-    start_profile_step: int = Field(default=3, ge=1)
-    end_profile_step: int = Field(default=5, ge=2)
+    start_profile_step: int = Field(default=3, ge=1, le=10_000)
+    end_profile_step: int = Field(default=5, ge=2, le=10_000)
     tuner_type: Literal["gridsearch", "random", "model_based"] = "gridsearch"
-    tuner_early_stopping: int = Field(default=5, ge=1)
-    tuner_num_trials: int = Field(default=50, ge=1)
+    tuner_early_stopping: int = Field(default=5, ge=1, le=100_000)
+    tuner_num_trials: int = Field(default=50, ge=1, le=100_000)
     arg_mappings: dict[str, str] | None = None
-    max_train_batch_size: int | None = Field(default=None, ge=1)
-    min_train_micro_batch_size_per_gpu: int = Field(default=1, ge=1)
-    max_train_micro_batch_size_per_gpu: int = Field(default=1024, ge=1)
-    num_tuning_micro_batch_sizes: int = Field(default=3, ge=1)
-    mp_size: int = Field(default=1, ge=1)
+    max_train_batch_size: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
+    min_train_micro_batch_size_per_gpu: int = Field(default=1, ge=1, le=MAX_MICRO_BATCH)
+    max_train_micro_batch_size_per_gpu: int = Field(default=1024, ge=1, le=MAX_MICRO_BATCH)
+    num_tuning_micro_batch_sizes: int = Field(default=3, ge=1, le=64)
+    mp_size: int = Field(default=1, ge=1, le=MAX_PROCESSES)
     model_info: ModelInfo | None = None
     model_info_path: str | None = None
 
@@ -91,11 +96,9 @@ class TuningRequest:
     """What to tune, read from a ds_config: the user's config without the autotuning section,
     the stages and micro-batches to consider, and the autotuning options."""
 
-    base_config: dict[str, Any]
-    """The user's ds_config minus ``autotuning``, each listed knob at its first value (stage and
-    micro-batch lists, "all" and "auto" still in place): what the micro-batch search runs."""
     space_config: dict[str, Any]
-    """The same with the user's lists in place: the knob dimensions to search."""
+    """The user's ds_config minus ``autotuning``, its lists in place: the knob dimensions to
+    search (batch values coerced to ints; stage and micro-batch lists, "all" and "auto" kept)."""
     autotuning: AutotuningConfig
     stages: list[int]
     """Stages to try, ascending."""
@@ -103,6 +106,13 @@ class TuningRequest:
     """Micro-batches the user fixed (an int or a list); None means search the bounds."""
     global_batch: int | None
     """Fixed train batch size (max_train_batch_size, else the user's train_batch_size), or None."""
+
+    def base(self, stage: int) -> dict[str, Any]:
+        """What the micro-batch search runs at ``stage``: each listed knob at its first value that
+        the stage can run (so a list's order never decides which stages are measured)."""
+        from .space import collapse
+
+        return collapse(self.space_config, stage)
 
 
 def load_ds_config(source: str | Path | dict[str, Any]) -> dict[str, Any]:
@@ -141,14 +151,35 @@ def parse_stages(value: Any) -> list[int]:
     return sorted(set(values))
 
 
+def batch_count(value: Any, key: str, limit: int = MAX_GLOBAL_BATCH) -> int | str | None:
+    """A batch value of the ds_config as DeepSpeed means it: a positive int (``64.0`` and ``"64"``
+    are unambiguous and read as 64), ``"auto"`` (filled by the script, as Hugging Face does) or
+    absent. Anything else (``"abc"``, NaN, 2.5, true, 1e400) is a ConfigError naming the key."""
+    if value is None or value == "auto":
+        return value
+    number: Any = value
+    if isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+        raise ConfigError(f"{key}: {json.dumps(value)[:40]} is not a number of samples; use a positive whole "
+                          'number such as 64, or "auto" for the script to fill')
+    if number > limit:
+        raise ConfigError(f"{key}: {number} is beyond any real job (at most {limit}); give the number of samples "
+                          "you train with")
+    return number
+
+
 def _parse_micro_batches(value: Any) -> list[int] | None:
     if value is None or value == "auto":
         return None
     values = value if isinstance(value, list) else [value]
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
-        raise ConfigError(f"train_micro_batch_size_per_gpu: {value!r} is not a micro-batch size; use a positive "
+    if not values:
+        raise ConfigError("train_micro_batch_size_per_gpu: an empty list gives nothing to search; use a positive "
                           'integer, a list of them, or "auto" to let zerotune search')
-    return sorted(set(values))
+    return sorted({batch_count(v, "train_micro_batch_size_per_gpu", MAX_MICRO_BATCH) for v in values
+                   if v != "auto"} or ()) or None
 
 
 def parse_request(ds_config: dict[str, Any], *, world_size: int) -> TuningRequest:
@@ -170,6 +201,11 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int) -> TuningReques
             raise ConfigError(f"zero_optimization.{block}: must be a JSON object such as {{\"device\": \"cpu\"}}")
     stages = parse_stages(zero.get("stage"))
     micro_batches = _parse_micro_batches(config.get("train_micro_batch_size_per_gpu"))
+    for key in ("train_batch_size", "gradient_accumulation_steps"):
+        if key in config:
+            config[key] = batch_count(config[key], key)
+    if isinstance(config.get("train_micro_batch_size_per_gpu"), (str, float)) and micro_batches:
+        config["train_micro_batch_size_per_gpu"] = micro_batches[0]
     if world_size % at.mp_size:
         raise ConfigError(f"autotuning.mp_size ({at.mp_size}) does not divide the {world_size} processes; "
                           "use a model-parallel size that divides --num-gpus x --num-nodes")
@@ -196,9 +232,9 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int) -> TuningReques
     for key, arg in (at.arg_mappings or {}).items():
         if not arg.startswith("-"):
             raise ConfigError(f"autotuning.arg_mappings.{key}: {arg!r} must be a script option such as --{arg}")
-    from .space import check_offload_devices, collapse, user_dimensions
+    from .space import check_offload_devices, user_dimensions
 
     user_dimensions(config)  # empty or repeated lists are errors now, not at the knob search
     check_offload_devices(config)
-    return TuningRequest(base_config=collapse(config), space_config=config, autotuning=at, stages=stages,
+    return TuningRequest(space_config=config, autotuning=at, stages=stages,
                          micro_batches=micro_batches, global_batch=global_batch)

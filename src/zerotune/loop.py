@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING
 
 from .ranking import choose_best
 from .search import EarlyStopping, Searcher, Suggestion
-from .space import trial_config
-from .store import ResultStore
 from .trial import TrialResult, TrialState
 
 if TYPE_CHECKING:
     from .launch import Slot, TrialJob
+    from .record import TuningRecord
     from .tuner import Autotuner
 
 
 class PhaseRun:
-    def __init__(self, tuner: "Autotuner", store: ResultStore, trials: list[TrialResult], start: float):
-        self.tuner, self.store, self.trials, self.start = tuner, store, trials, start
+    def __init__(self, tuner: "Autotuner", record: "TuningRecord", start: float):
+        self.tuner, self.record, self.start = tuner, record, start
+        self.trials = record.trials
         self.limit_hit = False
 
     def run(self, searcher: Searcher, stopper: EarlyStopping | None) -> bool:
@@ -48,7 +48,7 @@ class PhaseRun:
                     slot = slots.pop(0)
                     prepared.slot = slot
                     index = len(self.trials) + len(running)
-                    self.tuner._emit("started", index, suggestion.spec)
+                    self.record.emit("started", index, suggestion.spec)
                     running[pool.submit(self.tuner.launcher.run, prepared)] = (suggestion, prepared, slot, index)
                 if not running:
                     break
@@ -57,57 +57,55 @@ class PhaseRun:
                     suggestion, job, slot, index = running.pop(future)
                     slots.append(slot)
                     result = future.result()
-                    self.store.save(result, job.key)
-                    self.tuner._emit("finished", index, suggestion.spec, result)
+                    self.record.save(result, job.config)
+                    self.record.emit("finished", index, suggestion.spec, result)
                     stopped = self._record(searcher, stopper, result) or stopped
         except BaseException:
             self.tuner.launcher.close()  # end the running trials, so their threads return
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-        if searcher is not self.tuner.searcher:
-            self.tuner.notes += list(getattr(searcher, "notes", []))
+        for note in getattr(searcher, "notes", []):
+            self.record.note(note)
         return not self.limit_hit
 
     def _record(self, searcher: Searcher, stopper: EarlyStopping | None, result: TrialResult) -> bool:
         """Tell the searcher; True when the stopping rule ends the phase."""
-        self.trials.append(result)
+        self.record.add(result, saved=result.state is not TrialState.PRUNED)
         searcher.observe(result)
         choice = choose_best(self.trials, self.tuner.request.autotuning.metric)
-        if choice and choice.best.name != self.tuner._best_name:
-            self.tuner._best_name = choice.best.name
-            self.tuner._emit("best", len(self.trials), choice.best.spec, choice.best)
+        if choice and choice.best.name != self.record.best_name:
+            self.record.best_name = choice.best.name
+            self.record.emit("best", len(self.trials), choice.best.spec, choice.best)
         if stopper is not None and stopper.observe(result):
-            self.tuner._note(stopper.reason)
+            self.record.note(stopper.reason)
             return True
         return False
 
     def _prepare(self, suggestion: Suggestion) -> TrialResult | TrialJob | None:
         """A pruned or stored result, a job to launch, or None: a limit (tuner_num_trials,
         time budget) stops the search before this trial."""
-        tuner, spec, index = self.tuner, suggestion.spec, len(self.trials)
+        tuner, record, spec, index = self.tuner, self.record, suggestion.spec, len(self.trials)
         at = tuner.request.autotuning
         if suggestion.prune_reason:
             result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=suggestion.prune_reason,
                                  budget=tuner.budget)
-            self.store.save(result, "pruned")
-            tuner._emit("pruned", index, spec, result, suggestion.prune_reason)
+            record.emit("pruned", index, spec, result, suggestion.prune_reason)
             return result
-        cfg = trial_config(tuner.request.base_config, spec, tuner.dp, script_sets_batch=bool(tuner._mapped(spec)))
-        key = tuner._key(cfg)
-        if (result := self.store.load(spec.name, key)) is not None:
-            tuner._emit("reused", index, spec, result)
+        cfg = tuner.config_for(spec)
+        if (result := record.lookup(spec, cfg)) is not None:
+            record.emit("reused", index, spec, result)
             return result
-        if tuner._launched >= at.tuner_num_trials:
-            tuner._note(f"stopped after tuner_num_trials={at.tuner_num_trials} trials")
+        if record.launched >= at.tuner_num_trials:
+            record.note(f"stopped after tuner_num_trials={at.tuner_num_trials} trials")
             return None
         if tuner.time_budget and time.monotonic() - self.start > tuner.time_budget:
-            tuner._note(f"stopped at the time budget of {tuner.time_budget:.0f} s")
+            record.note(f"stopped at the time budget of {tuner.time_budget:.0f} s")
             return None
-        job = tuner._job(self.store, spec, cfg)
-        job.key = key
+        job = tuner.make_job(record, spec, cfg)
+        job.config = cfg
         best = choose_best(self.trials, at.metric)
         if best is not None and at.metric in ("throughput", "latency"):
             job.to_beat = {"metric": at.metric, "value": best.best.metric(at.metric)}
-        tuner._launched += 1
+        record.launched += 1
         return job

@@ -18,16 +18,18 @@ from .trial import SHORT_KEYS, TrialResult, TrialSpec, TrialState
 from .units import format_size
 
 if TYPE_CHECKING:
+    from .record import TuningRecord
     from .tuner import Autotuner
 
 SEED = 0
 """Random and model-based searches are seeded, so a rerun asks for the same trials (resume)."""
 
 
-def offload_searcher(tuner: "Autotuner", trials: list[TrialResult]) -> Searcher | None:
+def offload_searcher(tuner: "Autotuner", record: "TuningRecord") -> Searcher | None:
     """Offload to CPU where needed (``offload`` None: only when nothing fit without it), or
     always (True): the optimizer for stages 1-2, optimizer and parameters for stage 3."""
-    zero = tuner.request.base_config.get("zero_optimization") or {}
+    trials = record.trials
+    zero = tuner.request.space_config.get("zero_optimization") or {}
     if tuner.offload is False or zero.get("offload_optimizer") or zero.get("offload_param"):
         return None
     if tuner.offload is None and (any(t.state is TrialState.OK for t in trials)
@@ -37,24 +39,24 @@ def offload_searcher(tuner: "Autotuner", trials: list[TrialResult]) -> Searcher 
     if not stages:
         return None
     common: tuple = (("zero_optimization.offload_optimizer.device", "cpu"),)
-    if "optimizer" not in tuner.request.base_config:  # a client optimizer: let DeepSpeed offload it
+    if "optimizer" not in tuner.request.space_config:  # a client optimizer: let DeepSpeed offload it
         common += (("zero_force_ds_cpu_optimizer", False),)
     overrides = {s: common + ((("zero_optimization.offload_param.device", "cpu"),) if s == 3 else ())
                  for s in stages}
-    tuner._note(("nothing fit without offload: " if tuner.offload is None else "")
+    record.note(("nothing fit without offload: " if tuner.offload is None else "")
                 + f"searching stages {stages} with offload to cpu")
     at = tuner.request.autotuning
     return MicroBatchSearch(
         stages=stages, candidates=tuner.candidates(), global_batch=tuner.request.global_batch, dp=tuner.dp,
         grad_accum=1, budget=tuner.budget, metric=at.metric, num_micro_batches=at.num_tuning_micro_batch_sizes,
-        memory=tuner._memory_model(overrides), overrides=overrides)
+        memory=tuner.memory_model(overrides), overrides=overrides)
 
 
-def knob_searchers(tuner: "Autotuner", trials: list[TrialResult]) -> Iterator[tuple[Searcher, EarlyStopping]]:
+def knob_searchers(tuner: "Autotuner", record: "TuningRecord") -> Iterator[tuple[Searcher, EarlyStopping]]:
     """Per stage that can still win, a search of its knobs around its best micro-batch
     (``fast: false``: DeepSpeed's default knobs plus the user's lists; ``fast: true``: the
     user's lists only), best stage first."""
-    at = tuner.request.autotuning
+    at, trials = tuner.request.autotuning, record.trials
     hidden = at.model_info.hidden_size if at.model_info else None
     groups: dict[tuple, list[TrialResult]] = {}
     for t in trials:
@@ -68,16 +70,16 @@ def knob_searchers(tuner: "Autotuner", trials: list[TrialResult]) -> Iterator[tu
             continue
         overall = choose_best(trials, at.metric)
         if clearly_worse(at.metric, bests[key], overall.best, CANNOT_WIN_MARGIN):
-            tuner._note(f"stage {stage}: knobs not searched; its best {bests[key].name} cannot win against "
+            record.note(f"stage {stage}: knobs not searched; its best {bests[key].name} cannot win against "
                         f"{overall.best.name}")
             continue
         space = Space(stage=stage, dims=(*dims, Dimension(MICRO_BATCH, _around(tuner, bests[key].spec.micro_batch))),
                       global_batch=tuner.request.global_batch, dp=tuner.dp, default_gas=bests[key].spec.grad_accum,
                       fixed=fixed)
         known = {p.name: r for r in groups[key]
-                 if (p := space.point_of(r.spec, tuner.request.base_config)) is not None}
+                 if (p := space.point_of(r.spec, tuner.request.base(stage))) is not None}
         names = ", ".join(SHORT_KEYS.get(d.key, d.key.rsplit(".", 1)[-1]) or d.key for d in space.dims)
-        tuner._note(f"stage {stage}: searching {space.size} configurations ({names}) with {at.tuner_type}")
+        record.note(f"stage {stage}: searching {space.size} configurations ({names}) with {at.tuner_type}")
         searcher = SEARCHERS[at.tuner_type](space, metric=at.metric, check=_checker(tuner, stage, fixed, groups[key]),
                                             known=known, seed=SEED)
         yield searcher, EarlyStopping(at.tuner_early_stopping, at.metric, overall.best)
@@ -100,10 +102,10 @@ def _around(tuner: "Autotuner", mb: int) -> tuple[int, ...]:
 def _checker(tuner: "Autotuner", stage: int, fixed: tuple, measured: list[TrialResult]):
     """Invalid combinations and memory: the stage's fitted peak plus what the point's knobs
     change in the analytic terms (bucket sizes), with the fit's uncertainty as margin."""
-    model = tuner._memory_model({stage: fixed})
+    model = tuner.memory_model({stage: fixed})
     for r in measured:
         model.observe(r)
-    base = tuner.request.base_config
+    base = tuner.request.base(stage)
 
     def check(spec: TrialSpec) -> str | None:
         cfg = trial_config(base, spec, tuner.dp)

@@ -10,10 +10,10 @@ from typing import IO, Any
 
 from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
 from rich.text import Text
 
 from .ranking import fmt_metric
+from .terminal_text import safe
 from .units import format_size
 
 FAILED = {"crashed", "timeout"}
@@ -121,20 +121,20 @@ class ProgressPrinter:
         n = event.index + 1
         # Names, reasons and notes carry text from the script and the config: never markup.
         if event.kind == "started":
-            self.console.print(f"[dim]trial {n}[/] {escape(event.spec.name)} ...")
+            self.console.print(f"[dim]trial {n}[/] {safe(event.spec.name)} ...")
         elif event.kind in ("finished", "reused"):
             r = event.result
             tag = " (from disk)" if event.kind == "reused" else f" {r.wall_time:.0f} s"
             value = fmt_metric(self.metric, r) if r.state.value == "ok" else r.reason
             color = "green" if r.state.value == "ok" else "yellow"
-            self.console.print(f"[dim]trial {n}[/] {escape(r.name)} [{color}]{r.state.value}[/] {escape(value)}  "
+            self.console.print(f"[dim]trial {n}[/] {safe(r.name)} [{color}]{r.state.value}[/] {safe(value)}  "
                                f"peak {format_size(r.max_peak)}{tag}")
         elif event.kind == "pruned":
-            self.console.print(f"[dim]trial {n}[/] {escape(event.spec.name)} [blue]pruned[/] {escape(event.message)}")
+            self.console.print(f"[dim]trial {n}[/] {safe(event.spec.name)} [blue]pruned[/] {safe(event.message)}")
         elif event.kind == "best":
-            self.console.print(f"  [bold]best so far:[/] {escape(event.result.name)}")
+            self.console.print(f"  [bold]best so far:[/] {safe(event.result.name)}")
         elif event.kind == "note":
-            self.console.print(f"  [dim]{escape(event.message)}[/]")
+            self.console.print(f"  [dim]{safe(event.message)}[/]")
 
 
 class JsonEvents:

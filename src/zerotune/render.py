@@ -1,11 +1,13 @@
 """Terminal rendering of results (rich); progress while tuning is in progress.py."""
 from __future__ import annotations
 
+import shlex
+
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from .ranking import fmt_metric
+from .terminal_text import safe
 from .result import TuningResult
 from .units import format_size
 
@@ -16,20 +18,20 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
     for col in ("stage", "trials", "ok", "oom", "failed", "pruned", f"best {result.metric}", "best trial"):
         table.add_column(col)
     for row in result.summary_rows():
-        table.add_row(*(escape(str(row[k])) for k in ("stage", "trials", "ok", "oom", "failed", "pruned", "best",
+        table.add_row(*(safe(str(row[k])) for k in ("stage", "trials", "ok", "oom", "failed", "pruned", "best",
                                                       "best_trial")))
     console.print(table)
     if result.best is None:
         console.print("[red]no configuration succeeded[/]")
     else:
         b = result.best
-        console.print(f"[bold green]best:[/] {escape(b.name)}  {fmt_metric(result.metric, b)}  "
+        console.print(f"[bold green]best:[/] {safe(b.name)}  {fmt_metric(result.metric, b)}  "
                       f"peak {format_size(b.max_peak)}/rank")
     for note in result.notes:
-        console.print(f"[dim]note:[/] {escape(note)}")  # notes quote trial reasons: never markup
-    where = escape(str(result.results_dir))
-    console.print(f"results: {where}/ (summary.txt, ds_config_optimal.json, cmd_optimal.txt); "
-                  f"figures: zerotune report {where}")
+        console.print(f"[dim]note:[/] {safe(note)}")  # notes quote trial reasons: never markup
+    where = str(result.results_dir)
+    console.print(f"results: {safe(where)}/ (summary.txt, ds_config_optimal.json, cmd_optimal.txt); "
+                  f"figures: zerotune report {safe(shlex.quote(where))}")
 
 
 def print_estimate(args) -> int:
@@ -58,7 +60,7 @@ def print_estimate(args) -> int:
         t.add_row(str(r["stage"]), off, format_size(r["device_bytes"]), format_size(r["host_bytes_per_node"]),
                   "[red]does not fit[/]" if fits is None else str(fits))
     console.print(t)
-    console.print(f"[dim]model: {escape(size.source)}; fixed overhead {format_size(overhead)} per device[/]")
+    console.print(f"[dim]model: {safe(size.source)}; fixed overhead {format_size(overhead)} per device[/]")
     if size.activation_per_sample is None:
         console.print("[dim]activations unknown (give --hf-config or --activation-per-sample): '?' means the model "
                       "states fit at micro-batch 1 and the limit depends on activations[/]")

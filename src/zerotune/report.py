@@ -48,15 +48,13 @@ def _runner_accepts(argv: list[str], script: str, args: list[str], device: str) 
 
 
 def shell_command(tuner: "Autotuner", args: list[str]) -> str:
-    """A command to paste in a shell: DeepSpeed's runner when it passes the args through
+    """A command to paste in a shell, on the topology the tuning measured (one node, or the
+    hostfile's nodes with its launcher): DeepSpeed's runner when it passes the args through
     untouched, else torchrun. Every word is quoted for the shell."""
     script = tuner.command.script
-    runner = ["--num_gpus", str(tuner.num_gpus), script, *args]
-    if _runner_accepts(runner, script, args, tuner.node.device):
-        words = ["deepspeed", *runner]
-    else:
-        words = ["torchrun", f"--nproc_per_node={tuner.num_gpus}", script, *args]
-    return " ".join(_env_prefix(tuner) + [shlex.quote(w) for w in words])
+    words = tuner.cluster.launch_words(script, args,
+                                       lambda runner: _runner_accepts(runner, script, args, tuner.node.device))
+    return tuner.cluster.shell_line(_env_prefix(tuner), words)
 
 
 def write_optimal_config(config: dict[str, Any], path: Path) -> Path:
@@ -106,6 +104,7 @@ def write_outputs(tuner: "Autotuner") -> None:
     write_json(root / "results.json", {"metric": result.metric, "best": result.best.name if result.best else None,
                                        "trials": [t.to_dict() for t in result.trials], "notes": result.notes})
     if result.best_config is None:
+        tuner.record.clear_outputs()  # an earlier tuning's choice must not stand beside "best: none"
         return
     optimal = write_optimal_config(result.best_config, root / "ds_config_optimal.json")
     if tuner.lightning is not None:
@@ -114,7 +113,7 @@ def write_outputs(tuner: "Autotuner") -> None:
         write_atomic(root / "cmd_optimal.txt", lightning_command(tuner, optimal))
         write_cache(tuner.lightning, result)
         return
-    args = tuner.command.trial_args(str(optimal.resolve()), tuner._mapped(result.best.spec))
+    args = tuner.command.trial_args(str(optimal.resolve()), tuner.mapped_args(result.best.spec))
     write_atomic(root / "cmd_optimal.txt", shell_command(tuner, args) + "\n")
 
 
@@ -124,7 +123,7 @@ def lightning_command(tuner: "Autotuner", optimal: Path) -> str:
 
     job, best = tuner.lightning, tuner.result.best_config
     words = ["python", tuner.command.script,
-             *tuner.command.trial_args(None, tuner._mapped(tuner.result.best.spec))]
+             *tuner.command.trial_args(None, tuner.mapped_args(tuner.result.best.spec))]
     line = " ".join(_env_prefix(tuner) + [f"PL_DEEPSPEED_CONFIG_PATH={shlex.quote(str(optimal.resolve()))}"]
                     + [shlex.quote(w) for w in words]) + "\n"
     if job.strategy == "AutotuneDeepSpeedStrategy":
@@ -136,30 +135,16 @@ def lightning_command(tuner: "Autotuner", optimal: Path) -> str:
 
 
 def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str] | None = None) -> int:
-    """The user's real training with ``config_path``, through the same launcher as the trials,
-    its output streamed here. Returns the exit status."""
-    import time
-
-    from .launch import ProcessGroup, launcher_argv, trial_env
-    from .launch._slots import visible_gpus
-    from .launch._local import free_port, remove_shm_buffers
-
+    """The user's real training with ``config_path``, started by the trials' launcher on the
+    topology the tuning measured (every node of a hostfile), its output streamed here. Returns
+    the exit status."""
     lightning = tuner.lightning is not None
     args = tuner.command.trial_args(None if lightning else str(config_path.resolve()),
-                                    tuner._mapped(tuner.result.best.spec))
+                                    tuner.mapped_args(tuner.result.best.spec))
     spec_path = tuner.results_dir / "run_probe.json"
     write_json(spec_path, {"mode": "run", "script": tuner.command.script, "args": args,
                            "local_rank_arg": tuner.command.takes_local_rank(),
                            "lightning_config": str(config_path.resolve()) if lightning else None})
-    env = trial_env(tuner.num_gpus, tuner.node.device, {**(extra_env or {}), "ZEROTUNE_PROBE": str(spec_path)})
-    port = free_port()
-    gpus = visible_gpus(tuner.num_gpus) if tuner.node.device == "cuda" else None
-    group = ProcessGroup(launcher_argv(tuner.num_gpus, port, gpus), env=env, log=None)
-    try:
-        while group.proc.poll() is None:
-            time.sleep(0.2)
-    finally:
-        group.kill()
-        remove_shm_buffers(port)
+    code = tuner.launcher.run_program(spec_path, tuner.num_gpus, extra_env or {})
     sys.stdout.flush()
-    return group.proc.returncode or 0
+    return code

@@ -8,7 +8,8 @@ from typing import Any
 
 from ._errors import ZerotuneError
 from .ranking import MAXIMIZE, better, choose_best, fmt_metric, within_noise
-from .store import SESSION, ResultStore
+from .record import read_session
+from .store import SESSION, DamagedTrial, ResultStore
 from .trial import TrialResult, TrialState
 
 
@@ -65,21 +66,42 @@ class TuningResult:
 
 
 def load_results(results_dir: str | Path) -> TuningResult:
-    """The result of a finished or interrupted tuning, read from disk without running anything."""
+    """The result of a finished or interrupted tuning, read from disk without running anything:
+    the trials its record (tuning.json) lists, never others an earlier tuning left in the folder.
+    A trial whose result is damaged is named in the notes; a damaged record is a ZerotuneError."""
     root = Path(results_dir)
-    session_path = root / SESSION
-    if not session_path.exists():
-        raise ZerotuneError(f"{root} holds no zerotune results ({SESSION} is missing); give the results_dir "
-                            "of a tuning run")
-    session = json.loads(session_path.read_text())
-    trials = ResultStore(root).all_results()
-    metric = session.get("metric", "throughput")
+    session = read_session(root)
+    names, metric = session.get("trials"), session.get("metric", "throughput")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or metric not in MAXIMIZE:
+        raise ZerotuneError(f"{root / SESSION} is damaged (no list of trials, or an unknown metric); rerun the "
+                            "tuning command to rebuild it (finished trials are reused)")
+    store = ResultStore(root, create=False)
+    trials, damaged = [], []
+    for name in names:
+        try:
+            if not name or "/" in name or name.startswith("."):
+                raise DamagedTrial(name, "its name is not a trial folder's")
+            trials.append(store.load(name))
+        except DamagedTrial as e:
+            damaged.append(str(e))
     choice = choose_best(trials, metric)
     best_config = None
     if choice is not None:
-        cfg = root / choice.best.name / "ds_config.json"
-        best_config = json.loads(cfg.read_text()) if cfg.exists() else None
+        saved = session.get("best_config")
+        if session.get("best") == choice.best.name and isinstance(saved, dict):
+            best_config = saved
+        else:
+            try:
+                best_config = json.loads((root / choice.best.name / "ds_config.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                damaged.append(f"trial {choice.best.name}: its ds_config.json is missing or damaged")
+            if not isinstance(best_config, dict):
+                best_config = None
+    notes = [n for n in session.get("notes", []) if isinstance(n, str)] if isinstance(session.get("notes"), list) \
+        else []
+    wall = session.get("wall_time")
     return TuningResult(metric=metric, trials=trials, best=choice.best if choice else None,
                         best_config=best_config, results_dir=root,
-                        notes=session.get("notes", []) + ([choice.note] if choice and choice.note else []),
-                        wall_time=session.get("wall_time", 0.0))
+                        notes=notes + damaged + ([choice.note] if choice and choice.note and choice.note not in notes
+                                                 else []),
+                        wall_time=float(wall) if isinstance(wall, (int, float)) and not isinstance(wall, bool) else 0.0)

@@ -25,6 +25,12 @@ BUCKETS = (5e7, 5e8, 1e9)
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
 """Set per trial by the search (or by the script through arg_mappings), never a dimension."""
+LIST_SECTIONS = ("optimizer", "scheduler", "amp", "compile", "compression_training", "data_efficiency",
+                 "curriculum_learning", "sparse_attention", "elasticity", "comms_logger", "pipeline",
+                 "tensor_parallel", "weight_quantization", "zero_optimization.zeropp_loco_param")
+"""Sections whose values DeepSpeed (or the torch class it builds) reads as lists by nature
+(Adam's ``betas``, a scheduler's milestones, elastic micro-batch lists, profiled ops): their lists
+are passed through untouched, never searched. DeepSpeed's autotuner never expands them either."""
 
 STAGE_KNOBS = {
     0: (),
@@ -86,18 +92,20 @@ class Dimension:
 
 
 def user_dimensions(config: dict[str, Any]) -> list[Dimension]:
-    """Every list-valued key of the user's ds_config (nested, dotted), except the ones the tuner
-    sets itself (stage, batch sizes) and the autotuning section."""
+    """Every list-valued key of the user's ds_config (nested, dotted) where DeepSpeed reads a
+    scalar, except the ones the tuner sets itself (stage, batch sizes) and the autotuning section.
+    Lists inside :data:`LIST_SECTIONS`, and lists holding lists or objects, are values, not
+    dimensions."""
     out: list[Dimension] = []
 
     def walk(node: dict[str, Any], prefix: str) -> None:
         for key, value in node.items():
             path = f"{prefix}{key}"
-            if path in ("autotuning", f"{ZERO}.stage") or path in BATCH_KEYS:
+            if path in ("autotuning", f"{ZERO}.stage") or path in BATCH_KEYS or path in LIST_SECTIONS:
                 continue
             if isinstance(value, dict):
                 walk(value, path + ".")
-            elif isinstance(value, list):
+            elif isinstance(value, list) and not any(isinstance(v, (list, dict)) for v in value):
                 if not value:
                     raise ConfigError(f"{path}: an empty list gives nothing to search; give one value or several")
                 if len(set(map(repr, value))) != len(value):
@@ -108,10 +116,27 @@ def user_dimensions(config: dict[str, Any]) -> list[Dimension]:
     return out
 
 
-def collapse(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with each listed value replaced by its first: what trials outside a knob search
-    (the micro-batch search) run with, since DeepSpeed itself takes no lists."""
-    return apply_overrides(config, [(d.key, d.values[0]) for d in user_dimensions(config)])
+def collapse(config: dict[str, Any], stage: int | None = None) -> dict[str, Any]:
+    """The config with each listed value replaced by its first, or (``stage`` given) its first
+    that ``stage`` can run: what trials outside a knob search (the micro-batch search) run with,
+    since DeepSpeed itself takes no lists. The order of a list never decides which stages run:
+    ``offload_param: ["cpu", "none"]`` gives stages 0-2 "none" and stage 3 "cpu"."""
+    picks = []
+    for d in user_dimensions(config):
+        runnable = [v for v in d.values if stage is None or _runs_at(d.key, v, stage)]
+        picks.append((d.key, (runnable or d.values)[0]))
+    return apply_overrides(config, picks)
+
+
+def _runs_at(key: str, value: Any, stage: int) -> bool:
+    """Whether ``stage`` can run with ``key`` at ``value`` (offload needs a stage that has it)."""
+    if (value or "none") == "none":
+        return True
+    if key == f"{ZERO}.offload_param.device":
+        return stage == 3
+    if key == f"{ZERO}.offload_optimizer.device":
+        return stage >= 1
+    return True
 
 
 def _lookup(config: dict[str, Any], key: str) -> Any:

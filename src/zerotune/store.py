@@ -19,10 +19,13 @@ SESSION = "tuning.json"
 def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8", errors="surrogateescape")
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only folder: the error to report is the write's, below
         raise ZerotuneError(f"cannot write {path}: {e.strerror}; free some space or choose another "
                             "--results-dir (finished trials are kept)") from None
 
@@ -38,44 +41,74 @@ def fingerprint(data: Any) -> str:
 class ResultStore:
     """``root/<trial name>/`` per trial, plus the session's files at ``root``."""
 
-    def __init__(self, root: Path, *, overwrite: bool = False):
+    def __init__(self, root: Path, *, overwrite: bool = False, create: bool = True):
+        """``create`` False: only read an existing folder (show, report)."""
         self.root = Path(root)
-        if overwrite and self.root.exists():
+        if not create:
+            return
+        if overwrite and self.root.is_dir():
             for child in self.root.iterdir():
-                if (child / RESULT).exists() or (child / "probe.json").exists():
+                if child.is_symlink():  # never followed: the link alone goes, what it points to stays
+                    if (child / RESULT).exists() or (child / "probe.json").exists():
+                        child.unlink()
+                elif (child / RESULT).exists() or (child / "probe.json").exists():
                     shutil.rmtree(child)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise ZerotuneError(f"cannot create the results folder {self.root}: {e.strerror}") from None
+            raise ZerotuneError(f"cannot create the results folder {self.root}: {e.strerror}; choose another "
+                                "--results-dir") from None
 
     def trial_dir(self, name: str) -> Path:
+        """The folder of trial ``name``, a real folder directly inside the results folder: never
+        a link followed out of it (a link in its place is removed, the link alone)."""
+        assert name and "/" not in name and not name.startswith("."), f"unsafe trial name {name!r}"
         d = self.root / name
-        d.mkdir(parents=True, exist_ok=True)
+        if d.is_symlink() or (d.exists() and not d.is_dir()):
+            d.unlink()
+        d.mkdir(exist_ok=True)
         return d
 
-    def load(self, name: str, key: str) -> TrialResult | None:
-        """The stored result of trial ``name`` if it was run with the same inputs (``key``)."""
+    def load_raw(self, name: str) -> dict[str, Any] | None:
+        """The stored result.json of trial ``name`` (a JSON object), or None: none, or damaged."""
         path = self.root / name / RESULT
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        if data.get("key") != key:
-            return None
-        return TrialResult.from_dict(data["result"])
+        return data if isinstance(data, dict) else None
 
-    def save(self, result: TrialResult, key: str) -> None:
+    def load(self, name: str) -> TrialResult:
+        """The result of trial ``name``; a :class:`DamagedTrial` error that says why when the
+        file is missing or damaged."""
+        data = self.load_raw(name)
+        if data is None:
+            missing = not (self.root / name / RESULT).is_file()
+            raise DamagedTrial(name, "its result.json is missing" if missing
+                               else "its result.json is damaged (not a JSON object)")
+        try:
+            return TrialResult.from_dict(data["result"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DamagedTrial(name, f"its result.json is damaged ({type(e).__name__})") from None
+
+    def stored(self) -> dict[str, dict[str, Any]]:
+        """Every trial folder's result.json, readable or not (None), by folder name."""
+        out: dict[str, Any] = {}
+        for path in sorted(self.root.glob(f"*/{RESULT}")):
+            if path.parent.is_symlink():
+                continue
+            out[path.parent.name] = self.load_raw(path.parent.name) or {}
+        return out
+
+    def save(self, result: TrialResult, meta: dict[str, Any]) -> None:
+        """Write the trial's result.json with ``meta`` (its key and identity) beside the result."""
         d = self.trial_dir(result.name)
         if result.measurement is not None or result.peak_memory:
             write_json(d / "metrics.json", result.to_dict())
-        write_json(d / RESULT, {"key": key, "result": result.to_dict()})
+        write_json(d / RESULT, {**meta, "result": result.to_dict()})
 
-    def all_results(self) -> list[TrialResult]:
-        out = []
-        for path in sorted(self.root.glob(f"*/{RESULT}"), key=lambda p: p.stat().st_mtime):
-            try:
-                out.append(TrialResult.from_dict(json.loads(path.read_text())["result"]))
-            except (OSError, ValueError, KeyError):
-                continue
-        return out
+
+class DamagedTrial(ZerotuneError):
+    def __init__(self, name: str, why: str):
+        super().__init__(f"trial {name}: {why}; rerun the tuning command to measure it again")
+        self.name, self.why = name, why

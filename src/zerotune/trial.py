@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import enum
+import hashlib
+import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -38,6 +41,17 @@ def short_value(value: Any) -> str:
     return str(value)
 
 
+_SAFE = re.compile(r"[A-Za-z0-9.+-]+")
+_NAMED_VALUES = ("none", "cpu", "nvme")
+"""String values a short-named key may show as they are (offload devices)."""
+MAX_NAME = 96
+
+
+def _slug(text: str, limit: int = 24) -> str:
+    """``text`` in the characters a folder name may hold everywhere, at most ``limit`` long."""
+    return "-".join(_SAFE.findall(text))[:limit] or "x"
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrialSpec:
     """One configuration to measure: a ZeRO stage, a micro-batch and accumulation, and any
@@ -50,11 +64,26 @@ class TrialSpec:
 
     @property
     def name(self) -> str:
-        """Canonical, short and stable: the trial's folder name."""
+        """Canonical, short and stable: the trial's folder name. Only letters, digits and
+        ``.+-=_`` (never a path separator, never hidden); where the readable part does not say
+        the spec exactly (a user's key, a string value, a long name) a short hash of the whole
+        spec follows, so that two specs never share a folder."""
         parts = [f"z{self.stage}", f"mb{self.micro_batch}", f"gas{self.grad_accum}"]
-        parts += [f"{SHORT_KEYS.get(k, k.rsplit('.', 1)[-1])}={short_value(v)}" for k, v in self.overrides
-                  if SHORT_KEYS.get(k, "") is not None]
-        return "_".join(parts)
+        exact = True
+        for key, value in self.overrides:
+            short = SHORT_KEYS.get(key, "")
+            if short is None:
+                continue
+            text = short_value(value)
+            if not short or not (isinstance(value, (bool, int, float)) or value in _NAMED_VALUES) \
+                    or _slug(text) != text:
+                exact = False
+            parts.append(f"{short or _slug(key.rsplit('.', 1)[-1])}={_slug(text)}")
+        name = "_".join(parts)
+        if exact and len(name) <= MAX_NAME:
+            return name
+        digest = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, default=repr).encode()).hexdigest()[:8]
+        return f"{name[:MAX_NAME]}-{digest}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
@@ -62,8 +91,29 @@ class TrialSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrialSpec":
-        return cls(stage=d["stage"], micro_batch=d["micro_batch"], grad_accum=d.get("grad_accum", 1),
-                   overrides=tuple(tuple(o) for o in d.get("overrides", ())))
+        """A spec read back from disk; ValueError when it is not one zerotune wrote."""
+        if not isinstance(d, dict):
+            raise ValueError("spec is not an object")
+        stage, mb, gas = d.get("stage"), d.get("micro_batch"), d.get("grad_accum", 1)
+        valid_stage = isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3
+        if not valid_stage or not _count(mb) or not _count(gas):
+            raise ValueError(f"spec has no valid stage, micro_batch and grad_accum ({stage!r}, {mb!r}, {gas!r})")
+        overrides = d.get("overrides", ())
+        if not isinstance(overrides, list) or not all(isinstance(o, list) and len(o) == 2 and isinstance(o[0], str)
+                                                      for o in overrides):
+            raise ValueError("spec overrides are not [key, value] pairs")
+        return cls(stage=stage, micro_batch=mb, grad_accum=gas, overrides=tuple(tuple(o) for o in overrides))
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _number(v: Any, *, positive: bool = False) -> bool:
+    import math
+
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and (v > 0 if positive else v >= 0))
 
 
 @dataclass(kw_only=True)
@@ -158,8 +208,24 @@ class TrialResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrialResult":
+        """A result read back from disk; ValueError (or TypeError) when it is damaged."""
+        if not isinstance(d, dict):
+            raise ValueError("result is not an object")
         m = d.get("measurement")
-        return cls(spec=TrialSpec.from_dict(d["spec"]), state=TrialState(d["state"]), reason=d.get("reason", ""),
+        if m is not None:
+            if not isinstance(m, dict):
+                raise ValueError("measurement is not an object")
+            m = {k: v for k, v in m.items() if k in Measurement.__dataclass_fields__}
+            if not (_number(m.get("step_time_mean"), positive=True) and _count(m.get("samples_per_step"))
+                    and _number(m.get("step_time_ci95")) and _number(m.get("step_time_std"))):
+                raise ValueError("measurement has no positive step time and sample count")
+        for key in ("peak_memory", "peak_allocated", "static_memory"):
+            if not isinstance(d.get(key, []), list) or not all(_number(v) for v in d.get(key, [])):
+                raise ValueError(f"{key} is not a list of byte counts")
+        if not isinstance(d.get("reason", ""), str):
+            raise ValueError("reason is not text")
+        return cls(spec=TrialSpec.from_dict(d.get("spec")), state=TrialState(d.get("state")),
+                   reason=d.get("reason", ""),
                    measurement=Measurement(**m) if m else None, peak_memory=d.get("peak_memory", []),
                    peak_allocated=d.get("peak_allocated", []),
                    static_memory=d.get("static_memory", []), memory_kind=d.get("memory_kind", ""),

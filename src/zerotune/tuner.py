@@ -9,34 +9,24 @@ from typing import Any
 
 from . import hardware
 from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
+from .cluster import Cluster, check_counts
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
-from .launch import Launcher, LocalLauncher, Slot, TrialJob, plan_slots, reap
-from .launch._hosts import Host, read_hostfile, select_hosts
-from .launch._multinode import MultiNodeLauncher
+from .launch import Launcher, TrialJob, reap
 from .lightning_job import LightningJob, inspect_script, lightning_form, looks_like_lightning
 from .loop import PhaseRun
 from .memory import MemoryModel
 from .memory_terms import MemorySetup
 from .ranking import choose_best
+from .record import Identity, TuningEvent, TuningRecord
 from .result import TuningResult
 from .search import MicroBatchSearch, Searcher
 from .space import invalid_reason, trial_config
-from .store import SESSION, ResultStore, fingerprint, write_json
-from .trial import TrialResult, TrialSpec
-from .units import parse_duration, parse_size
+from .store import write_json
+from .trial import TrialSpec
+from .units import parse_duration, parse_size, positive_seconds
 
-
-@dataclass(frozen=True)
-class TuningEvent:
-    """Progress for the caller: kind is one of started, finished, reused, pruned, best, note."""
-
-    kind: str
-    index: int = 0
-    max_trials: int = 0
-    spec: TrialSpec | None = None
-    result: TrialResult | None = None
-    message: str = ""
+__all__ = ["Autotuner", "TuningEvent"]
 
 
 class Autotuner:
@@ -51,7 +41,8 @@ class Autotuner:
     ``trial_timeout`` ends a trial after that many seconds in all; ``stall_timeout`` ends one whose
     training stopped making progress (no step on any rank) for that long. Trials run
     ``devices // num_gpus`` at a time on disjoint GPUs (one at a time on CPU), at most
-    ``max_concurrent_trials``.
+    ``max_concurrent_trials``. ``retry_failed`` runs again the stored trials that failed (else
+    they are retried only when the timeouts or memory budget that failed them changed).
     ``on_event`` receives a :class:`TuningEvent` for each step of progress; the core never prints.
     """
 
@@ -66,20 +57,18 @@ class Autotuner:
                  node: hardware.Node | None = None, lightning: LightningJob | None = None,
                  offload: bool | None = None, stall_timeout: float = 120.0,
                  max_concurrent_trials: int | None = None, hostfile: str | Path | None = None, include: str = "",
-                 exclude: str = "", multinode_launcher: str = "pdsh", master_addr: str | None = None):
+                 exclude: str = "", multinode_launcher: str = "pdsh", master_addr: str | None = None,
+                 retry_failed: bool = False):
         self.command = UserCommand.from_callable(command) if callable(command) else UserCommand.parse(command)
-        self.hosts: list[Host] | None = None
-        if hostfile is not None:
-            self.hosts = select_hosts(read_hostfile(hostfile), num_nodes=num_nodes, num_gpus=num_gpus,
-                                      include=include, exclude=exclude)
-            num_nodes, num_gpus = len(self.hosts), len(self.hosts[0].slots)
-        elif include or exclude:
-            raise ConfigError("--include and --exclude pick hosts from a --hostfile; give one")
-        elif num_nodes not in (None, 1):
-            raise ConfigError(f"--num-nodes {num_nodes} needs --hostfile naming the nodes, in DeepSpeed's format "
-                              "(one 'hostname slots=N' per line)")
-        self.num_nodes = num_nodes or 1
         self.node = node or hardware.detect()
+        trial_timeout = positive_seconds(trial_timeout, "trial_timeout (--trial-timeout)")
+        stall_timeout = positive_seconds(stall_timeout, "stall_timeout (--stall-timeout)")
+        if not 0 < precision < 1:
+            raise ConfigError(f"precision (--precision) {precision!r} must be a fraction between 0 and 1, e.g. 0.03")
+        cluster_args = dict(device=self.node.device, device_count=self.node.device_count, num_nodes=num_nodes,
+                            hostfile=hostfile, include=include, exclude=exclude, launcher=multinode_launcher,
+                            master_addr=master_addr)
+        check_counts(num_gpus, num_nodes)  # before anything runs the script
         source = ds_config if ds_config is not None else self.command.config_path()
         if source is None and lightning is None and looks_like_lightning(self.command.script):
             lightning = self._inspect(Path(results_dir or "autotuning_results") / "_inspect")
@@ -90,12 +79,8 @@ class Autotuner:
         if source is None:
             raise ConfigError("no ds_config given; add --deepspeed_config ds.json to the script's arguments")
         self.user_config = load_ds_config(source)
-        self.num_gpus = num_gpus or (self.node.device_count if self.node.device == "cuda" else 1)
-        if num_gpus is not None and num_gpus < 1:
-            raise ConfigError(f"--num-gpus must be at least 1, not {num_gpus}")
-        if self.node.device == "cuda" and self.hosts is None and self.num_gpus > self.node.device_count:
-            raise ConfigError(f"--num-gpus {self.num_gpus} is more than the {self.node.device_count} GPUs here")
-        self.world = self.num_gpus * self.num_nodes
+        self.cluster = Cluster.build(num_gpus=num_gpus, **cluster_args)
+        self.num_gpus, self.num_nodes, self.world = self.cluster.num_gpus, self.cluster.num_nodes, self.cluster.world
         self.request: TuningRequest = parse_request(self.user_config, world_size=self.world)
         at = self.request.autotuning
         self.dp = self.world // at.mp_size
@@ -103,24 +88,20 @@ class Autotuner:
         self.results_dir = Path(results_dir or at.results_dir)
         self.overwrite = at.overwrite if overwrite is None else overwrite
         self.time_budget = parse_duration(budget, what="budget (--time-budget)") if budget else None
-        if self.hosts is not None and (len(self.hosts) > 1 or not self.hosts[0].local):
-            self.launcher = launcher or MultiNodeLauncher(self.hosts, device=self.node.device,
-                                                          launcher=multinode_launcher, master_addr=master_addr)
-            self.slots = [Slot(0, self.hosts[0].slots)]  # one multi-node trial at a time
-        else:
-            self.launcher = launcher or LocalLauncher(device=self.node.device)
-            self.slots = ([Slot(0, self.hosts[0].slots)] if self.hosts is not None and self.node.device == "cuda"
-                          else plan_slots(self.node.device, self.node.device_count, self.num_gpus,
-                                          max_concurrent_trials))
+        self.launcher = launcher or self.cluster.make_launcher()
+        self.slots = self.cluster.slots(max_concurrent_trials)
         self.on_event = on_event or (lambda e: None)
         self.trial_timeout, self.precision, self.max_measure_seconds = trial_timeout, precision, max_measure_seconds
         self.stall_timeout = stall_timeout
-        self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16"))
+        self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16")
+                                   if isinstance(self.user_config.get(k), dict))
         self.offload = offload
-        self.custom_searcher = searcher is not None
-        self.searcher = searcher or self._default_searcher()
+        self.retry_failed = retry_failed
+        self.custom_searcher = searcher
+        self.candidates()  # a global batch no micro-batch divides is an error now, not at tune()
         self.result: TuningResult | None = None
-        self.notes: list[str] = []
+        self.record: TuningRecord | None = None
+        """The record of the latest tune(): its trials, notes and events."""
 
     # -- set-up --------------------------------------------------------------------------------
     def _inspect(self, out_dir: Path) -> LightningJob:
@@ -141,7 +122,7 @@ class Autotuner:
 
     def _budget(self, memory_per_device: int | str | None) -> int:
         if memory_per_device is not None:
-            return parse_size(memory_per_device, what="--memory-per-device")
+            return parse_size(memory_per_device, what="--memory-per-device", limit=2**50)
         if self.node.device == "cuda" and self.node.device_memory:
             return self.node.device_memory
         return self.node.host_memory // self.num_gpus
@@ -161,27 +142,28 @@ class Autotuner:
                               "max_train_batch_size")
         return out
 
-    def _default_searcher(self) -> Searcher:
+    def default_searcher(self) -> Searcher:
+        """The micro-batch search over the stages; a fresh one for each tune()."""
         at = self.request.autotuning
         gas = self.user_config.get("gradient_accumulation_steps")
         return MicroBatchSearch(
             stages=self.request.stages, candidates=self.candidates(), global_batch=self.request.global_batch,
             dp=self.dp, grad_accum=gas if isinstance(gas, int) and gas >= 1 else 1, budget=self.budget,
             metric=at.metric, num_micro_batches=at.num_tuning_micro_batch_sizes,
-            memory=self._memory_model(), prune={s: r for s in self.request.stages
-                                                if (r := invalid_reason(s, self.request.base_config))})
+            memory=self.memory_model(), prune={s: r for s in self.request.stages
+                                                if (r := invalid_reason(s, self.request.base(s)))})
 
     @property
     def mp(self) -> int:
         return self.request.autotuning.mp_size
 
-    def _memory_model(self, overrides: dict[int, tuple] | None = None) -> MemoryModel:
+    def memory_model(self, overrides: dict[int, tuple] | None = None) -> MemoryModel:
         """The memory model for this config: its precision, ZeRO buckets and offload per stage
         (``overrides``: per stage, what every trial of that stage sets, offload for example)."""
 
         def setup_for(stage: int, num_params: int) -> MemorySetup:
             spec = TrialSpec(stage=stage, micro_batch=1, overrides=(overrides or {}).get(stage, ()))
-            return MemorySetup.from_config(trial_config(self.request.base_config, spec, self.dp),
+            return MemorySetup.from_config(trial_config(self.request.base(stage), spec, self.dp),
                                            num_params=num_params, dp=self.dp, mp=self.mp)
 
         info = self.request.autotuning.model_info
@@ -189,44 +171,58 @@ class Autotuner:
         return MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision, setup_for=setup_for, num_params=known)
 
     # -- the loop ------------------------------------------------------------------------------
-    def tune(self) -> TuningResult:
-        """Run the search; finished trials on disk are reused, so a rerun resumes."""
+    def identity(self) -> Identity:
+        """What every trial of this tuning shares, for resume: a stored trial is reused only if
+        its identity (plus its own ds_config) is the same."""
         at = self.request.autotuning
-        store = ResultStore(self.results_dir, overwrite=self.overwrite)
+        return Identity(code=self.command.code_identity(), args=self.command.identity_args(),
+                        topology=self.cluster.topology(),
+                        measure={"precision": self.precision, "max_seconds": self.max_measure_seconds,
+                                 "start_profile_step": at.start_profile_step, "end_profile_step": at.end_profile_step,
+                                 "lightning": self.lightning is not None},
+                        failure={"trial_timeout": self.trial_timeout, "stall_timeout": self.stall_timeout,
+                                 "budget": self.budget})
+
+    def tune(self) -> TuningResult:
+        """Run the search. Each call starts from a fresh state; finished trials on disk whose
+        identity is unchanged are reused, so a rerun (or a second call) resumes."""
+        at = self.request.autotuning
+        record = TuningRecord(self.results_dir, identity=self.identity(), session=self._session_info(),
+                              overwrite=self.overwrite, retry_failed=self.retry_failed,
+                              max_trials=at.tuner_num_trials, on_event=self.on_event)
+        self.record, self.result = record, None
         self.overwrite = False  # a second tune() on this object resumes
+        searcher = self.custom_searcher or self.default_searcher()
         start = time.monotonic()
-        trials: list[TrialResult] = []
-        self._launched = 0
-        self._best_name = None
         self.launcher.preflight()  # a missing tool or an unreachable host: one error before any trial
         if reaped := reap(self.results_dir):
-            self._note(f"ended {reaped} trial process(es) left running by an earlier, killed tuning of "
-                       f"{self.results_dir}")
-        self._write_session(store, "running", [], 0.0)
-        run = PhaseRun(self, store, trials, start)
+            record.note(f"ended {reaped} trial process(es) left running by an earlier, killed tuning of "
+                        f"{self.results_dir}")
+        if line := record.resume_line(self.config_for):
+            record.note(line)
+        record.write_session("running")
+        run = PhaseRun(self, record, start)
         try:
-            for searcher, stopper in self._phases(trials):
-                if not run.run(searcher, stopper):
+            for phase, stopper in self._phases(searcher, record):
+                if not run.run(phase, stopper):
                     break
         except BaseException:
             self.launcher.close()
             try:
-                self._write_session(store, "interrupted", trials, time.monotonic() - start)
+                record.write_session("interrupted", wall=time.monotonic() - start)
             except ZerotuneError:
                 pass  # the disk is full: the error being raised says so; finished trials are on disk
             raise
         wall = time.monotonic() - start
+        trials = record.trials
         choice = choose_best(trials, at.metric)
-        notes = self.notes + list(getattr(self.searcher, "notes", [])) + ([choice.note] if choice and choice.note
-                                                                           else [])
-        best_config = trial_config(self.request.base_config, choice.best.spec, self.dp,
-                                   script_sets_batch=bool(self._mapped(choice.best.spec))) if choice else None
-        if best_config is not None and self.lightning is not None:
-            best_config = lightning_form(best_config)
-        self.result = TuningResult(metric=at.metric, trials=trials, best=choice.best if choice else None,
+        notes = record.notes + ([choice.note] if choice and choice.note else [])
+        best_config = self.final_config(choice.best.spec) if choice else None
+        self.result = TuningResult(metric=at.metric, trials=list(trials), best=choice.best if choice else None,
                                    best_config=best_config, results_dir=self.results_dir, notes=notes,
-                                   wall_time=wall, launched=self._launched)
-        self._write_session(store, "finished", trials, wall, notes)
+                                   wall_time=wall, launched=record.launched)
+        record.write_session("finished", wall=wall, notes=notes, best=choice.best.name if choice else None,
+                             best_config=best_config)
         from .report import write_outputs
 
         write_outputs(self)
@@ -238,22 +234,32 @@ class Autotuner:
                   "--memory-per-device, or fix the error shown")
         return self.result
 
-    def _phases(self, trials: list[TrialResult]):
+    def _phases(self, searcher: Searcher, record: TuningRecord):
         """(searcher, stopping rule) in turn; each is built when the one before has finished."""
         from . import phases
 
-        yield self.searcher, None
-        if self.custom_searcher:
+        yield searcher, None
+        if self.custom_searcher is not None:
             return
-        if (offload := phases.offload_searcher(self, trials)) is not None:
+        if (offload := phases.offload_searcher(self, record)) is not None:
             yield offload, None
-        yield from phases.knob_searchers(self, trials)
+        yield from phases.knob_searchers(self, record)
 
-    def _job(self, store: ResultStore, spec: TrialSpec, cfg: dict[str, Any]) -> TrialJob:
-        d = store.trial_dir(spec.name)
+    def config_for(self, spec: TrialSpec) -> dict[str, Any]:
+        """The ds_config a trial of ``spec`` runs with."""
+        return trial_config(self.request.base(spec.stage), spec, self.dp, script_sets_batch=bool(self.mapped_args(spec)))
+
+    def final_config(self, spec: TrialSpec) -> dict[str, Any]:
+        """The config to train with after choosing ``spec``, in the form the target accepts."""
+        cfg = self.config_for(spec)
+        return lightning_form(cfg) if self.lightning is not None else cfg
+
+    def make_job(self, record: TuningRecord, spec: TrialSpec, cfg: dict[str, Any]) -> TrialJob:
+        """Write the trial's folder (its config, exp.json) and the job that runs it."""
+        d = record.store.trial_dir(spec.name)
         write_json(d / "ds_config.json", cfg)
         config_arg = None if self.lightning else str((d / "ds_config.json").resolve())
-        args = self.command.trial_args(config_arg, self._mapped(spec))
+        args = self.command.trial_args(config_arg, self.mapped_args(spec))
         at = self.request.autotuning
         job = TrialJob(spec=spec, trial_dir=d, script=self.command.script, script_args=args,
                        lightning=self.lightning is not None,
@@ -261,7 +267,7 @@ class Autotuner:
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),
                        max_seconds=self.max_measure_seconds, rel_ci=self.precision, timeout=self.trial_timeout,
-                       stall_timeout=self.stall_timeout)
+                       stall_timeout=self.stall_timeout, key=record.key(cfg))
         exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
         write_json(d / "exp.json", exp)
         if "exps_dir" in at.model_fields_set:  # DeepSpeed's layout, when the user asked for it
@@ -269,31 +275,16 @@ class Autotuner:
             write_json(Path(at.exps_dir) / f"{spec.name}.json", exp)
         return job
 
-    def _mapped(self, spec: TrialSpec) -> dict[str, str]:
+    def mapped_args(self, spec: TrialSpec) -> dict[str, str]:
+        """The script options ``arg_mappings`` names, with the values of ``spec``."""
         values = {"train_micro_batch_size_per_gpu": spec.micro_batch, "gradient_accumulation_steps": spec.grad_accum}
         return {arg: str(values[key]) for key, arg in (self.request.autotuning.arg_mappings or {}).items()
                 if key in values}
 
-    def _key(self, cfg: dict[str, Any]) -> str:
-        return fingerprint({"config": cfg, "script": str(Path(self.command.script).resolve()),
-                            "args": list(self.command.args), "num_gpus": self.num_gpus, "budget": self.budget,
-                            **({"num_nodes": self.num_nodes} if self.num_nodes > 1 else {}),
-                            "precision": self.precision})
-
-    def _emit(self, kind: str, index: int = 0, spec=None, result=None, message: str = "") -> None:
-        self.on_event(TuningEvent(kind, index, self.request.autotuning.tuner_num_trials, spec, result, message))
-
-    def _note(self, message: str) -> None:
-        self.notes.append(message)
-        self._emit("note", message=message)
-
-    def _write_session(self, store: ResultStore, state: str, trials, wall: float, notes=()) -> None:
-        write_json(store.root / SESSION, {
-            "state": state, "metric": self.request.autotuning.metric, "script": self.command.script,
-            "args": list(self.command.args), "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
-            "device": self.node.device,
-            "budget": self.budget, "wall_time": wall, "trials": [t.name for t in trials], "notes": list(notes),
-            "user_config": self.user_config})
+    def _session_info(self) -> dict[str, Any]:
+        return {"metric": self.request.autotuning.metric, "script": self.command.script,
+                "args": list(self.command.args), "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
+                "device": self.node.device, "budget": self.budget, "user_config": self.user_config}
 
     # -- after tuning --------------------------------------------------------------------------
     def write_optimal_config(self, path: str | Path) -> Path:

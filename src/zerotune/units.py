@@ -1,6 +1,7 @@
 """Human sizes (``16GB``, ``1.5GiB``, ``800M``) and durations (``20m``, ``90s``)."""
 from __future__ import annotations
 
+import math
 import re
 
 from ._errors import ConfigError
@@ -14,7 +15,11 @@ _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IG
 GIB = 1024**3
 
 
-def parse_size(text: str | int | float, *, what: str = "size") -> int:
+MAX_SIZE = 2**60
+"""An exabyte: no memory figure of a real machine comes near it."""
+
+
+def parse_size(text: str | int | float, *, what: str = "size", limit: int = MAX_SIZE) -> int:
     """Bytes from ``text``; decimal units (GB) are powers of 1000, binary ones (GiB) of 1024."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value, unit = float(text), ""
@@ -23,10 +28,29 @@ def parse_size(text: str | int | float, *, what: str = "size") -> int:
         if not match or match.group(2).lower() not in _SIZE_UNITS:
             raise ConfigError(f"{what}: cannot read {text!r} as a size; write it like 16GB, 80GiB or 512MiB")
         value, unit = float(match.group(1)), match.group(2).lower()
-    size = int(value * _SIZE_UNITS[unit])
+    value *= _SIZE_UNITS[unit]
+    if not math.isfinite(value) or value > limit:
+        raise ConfigError(f"{what}: {text!r} is beyond any real machine (at most {format_size(limit)}); write it "
+                          "like 16GB, 80GiB or 512MiB")
+    size = int(value)
     if size <= 0:
         raise ConfigError(f"{what}: {text!r} must be larger than zero")
     return size
+
+
+MAX_SECONDS = 30 * 24 * 3600.0
+
+
+def positive_seconds(value: float, what: str) -> float:
+    """A number of seconds that is finite, above zero and at most 30 days."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: {value!r} is not a number of seconds") from None
+    if not (0 < seconds <= MAX_SECONDS):  # also false for NaN
+        raise ConfigError(f"{what}: {value!r} must be a number of seconds above 0 and at most {MAX_SECONDS:.0f} "
+                          "(30 days)")
+    return seconds
 
 
 def parse_duration(text: str | int | float, *, what: str = "duration") -> float:
@@ -35,9 +59,7 @@ def parse_duration(text: str | int | float, *, what: str = "duration") -> float:
     if not match:
         raise ConfigError(f"{what}: cannot read {text!r} as a duration; write it like 90s, 20m or 1.5h")
     seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2).lower()]
-    if seconds <= 0:
-        raise ConfigError(f"{what}: {text!r} must be longer than zero")
-    return seconds
+    return positive_seconds(seconds, what)
 
 
 def format_size(n: float | None) -> str:

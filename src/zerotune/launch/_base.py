@@ -39,6 +39,8 @@ class TrialJob:
     """The devices (or pinned cores) this trial runs on; None: the first ``num_gpus`` devices."""
     key: str = ""
     """The fingerprint of the trial's inputs, under which its result is stored."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The trial's ds_config: with the tuning's identity, what its result is stored under."""
     lightning: bool = False
     """A Lightning script: the trial's ds_config.json reaches its DeepSpeedStrategy through the
     probe's Lightning hooks rather than through a --deepspeed_config argument."""
@@ -68,6 +70,11 @@ class Launcher(abc.ABC):
     def preflight(self) -> None:
         """Check, before any trial, that trials can start at all (tools installed, hosts
         reachable); raise a ZerotuneError that says what to fix."""
+
+    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str]) -> int:
+        """Start the probe in ``run`` mode (the user's real training) on every rank of the
+        trials' topology, output to this terminal; wait for it and return its exit status."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run the training")
 
     def close(self) -> None:
         """End anything still running (called on Ctrl-C and at exit)."""

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from .._proc import die_with_parent
-from ..store import write_json
+from ..store import write_atomic, write_json
 from ..trial import TrialResult, TrialState
 from ._base import Launcher, TrialJob
 from ._collect import collect, port_in_use
@@ -151,7 +151,7 @@ class LocalLauncher(Launcher):
             # Another process took the port between our check and the rendezvous: a fresh port,
             # not a failed configuration.
             os.replace(d / "launcher.log", d / f"launcher.attempt{attempt}.log")
-            (d / "launcher.log").write_text(f"zerotune: the master port was in use (launcher.attempt{attempt}.log); "
+            write_atomic(d / "launcher.log", f"zerotune: the master port was in use (launcher.attempt{attempt}.log); "
                                             f"retrying on another port, attempt {attempt + 1}\n")
             for stale in d.glob("rank*.*"):
                 stale.unlink()
@@ -163,8 +163,8 @@ class LocalLauncher(Launcher):
             visible_gpus(job.num_gpus) if self.device == "cuda" else None)
         argv = launcher_argv(job.num_gpus, port, gpus)
         ranks_see = [job.script] + (["--local_rank=<rank>"] if job.local_rank_arg else []) + job.script_args
-        (d / "cmd.txt").write_text(
-            "# started as (the user's arguments are read from probe.json, never parsed by the launcher):\n"
+        write_atomic(
+            d / "cmd.txt", "# started as (the user's arguments are read from probe.json, never parsed by the launcher):\n"
             + " ".join(shlex.quote(w) for w in [f"ZEROTUNE_PROBE={d / 'probe.json'}", *argv]) + "\n"
             + "# each rank runs:\n" + " ".join(shlex.quote(w) for w in ranks_see) + "\n")
         start = time.monotonic()
@@ -196,6 +196,18 @@ class LocalLauncher(Launcher):
         return collect(spec=job.spec, trial_dir=d, world=job.num_gpus, returncode=group.proc.returncode,
                        timed_out=timed_out, timeout=job.timeout, wall_time=time.monotonic() - start,
                        budget=job.budget, min_steps=job.min_steps, rel_ci=job.rel_ci, hung=hung)
+
+    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str]) -> int:
+        env = trial_env(num_gpus, self.device, {**extra_env, "ZEROTUNE_PROBE": str(probe_spec.resolve())})
+        port = free_port()
+        gpus = visible_gpus(num_gpus) if self.device == "cuda" else None
+        group = ProcessGroup(launcher_argv(num_gpus, port, gpus), env=env, log=None)
+        try:
+            group.proc.wait()
+        finally:
+            group.kill()
+            remove_shm_buffers(port)
+        return group.proc.returncode or 0
 
     @staticmethod
     def _all_ranks_done(d: Path, world: int) -> bool:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from .._errors import LaunchError
-from ..store import write_json
+from ..store import write_atomic, write_json
 from ..trial import TrialResult
 from ._base import Launcher, TrialJob
 from ._collect import collect
@@ -66,9 +66,9 @@ class MultiNodeLauncher(Launcher):
                                   "set up passwordless ssh to every host in the hostfile")
 
     # -- commands ------------------------------------------------------------------------------
-    def torchrun_argv(self, job: TrialJob, node_rank: int, port: int) -> list[str]:
+    def torchrun_argv(self, num_gpus: int, node_rank: int, port: int) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(self.hosts)}",
-                f"--nproc-per-node={job.num_gpus}", f"--node-rank={node_rank}", f"--master-addr={self.master_addr}",
+                f"--nproc-per-node={num_gpus}", f"--node-rank={node_rank}", f"--master-addr={self.master_addr}",
                 f"--master-port={port}", "-m", "zerotune.probe"]
 
     def runner_argv(self, hostfile: Path, port: int) -> list[str]:
@@ -77,12 +77,14 @@ class MultiNodeLauncher(Launcher):
                 f"--launcher={self.kind}", f"--master_addr={self.master_addr}", f"--master_port={port}",
                 "--no_local_rank", "--module", "zerotune.probe"]
 
-    def _start(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> list[ProcessGroup]:
+    def _start(self, num_gpus: int, d: Path, env: dict[str, str], port: int, *,
+               logs: bool = True) -> list[ProcessGroup]:
+        """Every node's processes; ``logs`` False: their output goes to this terminal."""
         cmds: list[list[str]] = []
         groups = []
         if self.kind == "torchrun":
             for i, host in enumerate(self.hosts):
-                argv, host_env = self.torchrun_argv(job, i, port), dict(env)
+                argv, host_env = self.torchrun_argv(num_gpus, i, port), dict(env)
                 if self.device == "cuda":
                     host_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slots))
                 if not host.local:  # the remote shell gets the variables and the folder explicitly
@@ -90,7 +92,7 @@ class MultiNodeLauncher(Launcher):
                     argv = [*SSH, host.name, f"cd {shlex.quote(os.getcwd())} && env "
                             + " ".join(shlex.quote(e) for e in exports) + " " + shlex.join(argv)]
                 cmds.append(argv)
-                groups.append(ProcessGroup(argv, env=host_env, log=d / f"launcher.node{i}.log"))
+                groups.append(ProcessGroup(argv, env=host_env, log=d / f"launcher.node{i}.log" if logs else None))
         else:
             hostfile = d / "hostfile"
             hostfile.write_text("".join(f"{h.name} slots={max(h.slots) + 1}\n" for h in self.hosts))
@@ -98,10 +100,24 @@ class MultiNodeLauncher(Launcher):
             argv = self.runner_argv(hostfile, port)
             cmds.append(argv)
             groups.append(ProcessGroup(argv, env={**env, "DS_ENV_FILE": str(d / ".deepspeed_env")},
-                                       log=d / "launcher.log"))
-        (d / "cmd.txt").write_text("# started as (the user's arguments are read from probe.json):\n"
-                                   + "".join(shlex.join(c) + "\n" for c in cmds))
+                                       log=d / "launcher.log" if logs else None))
+        write_atomic(d / "cmd.txt", "# started as (the user's arguments are read from probe.json):\n"
+                     + "".join(shlex.join(c) + "\n" for c in cmds))
         return groups
+
+    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str]) -> int:
+        d = probe_spec.resolve().parent / "run"
+        d.mkdir(exist_ok=True)
+        env = trial_env(num_gpus, self.device, {**extra_env, "ZEROTUNE_PROBE": str(probe_spec.resolve())})
+        port = free_port()
+        groups = self._start(num_gpus, d, env, port, logs=False)
+        try:
+            codes = [g.proc.wait() for g in groups]
+        finally:
+            for g in groups:
+                g.kill()
+            remove_shm_buffers(port, self.master_addr)
+        return next((c for c in codes if c), 0)
 
     # -- a trial -------------------------------------------------------------------------------
     def run(self, job: TrialJob) -> TrialResult:
@@ -114,7 +130,7 @@ class MultiNodeLauncher(Launcher):
                                                     TUNER_PID: str(os.getpid())})
         port = free_port()
         start = time.monotonic()
-        groups = self._start(job, d, env, port)
+        groups = self._start(job.num_gpus, d, env, port)
         with self._lock:
             self._running.update(groups)
         timed_out, hung = False, None
@@ -141,7 +157,7 @@ class MultiNodeLauncher(Launcher):
         codes = [g.proc.returncode for g in groups]
         log = d / "launcher.log"
         if self.kind == "torchrun":  # one log for collect: each node's, in turn
-            log.write_text("".join(f"== node {i} ({h.name}), exit {codes[i]} ==\n"
+            write_atomic(log, "".join(f"== node {i} ({h.name}), exit {codes[i]} ==\n"
                                    + (d / f"launcher.node{i}.log").read_text(errors="replace")
                                    for i, h in enumerate(self.hosts)))
         return collect(spec=job.spec, trial_dir=d, world=world, returncode=next((c for c in codes if c), codes[0]),

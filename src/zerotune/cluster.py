@@ -1,0 +1,123 @@
+"""Where trials run: hosts, processes per host, device and how multi-node processes start.
+
+One :class:`Cluster` makes the launcher of the trials, the slots they run in, the topology part
+of a trial's identity, and the final command, so that what ``cmd_optimal.txt`` and ``zerotune
+run`` start is the topology the tuning measured.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._errors import ConfigError
+from .config import MAX_PROCESSES
+from .launch import Launcher, LocalLauncher, Slot, plan_slots
+from .launch._hosts import Host, read_hostfile, select_hosts
+
+MAX_NODES = 4096
+
+
+def check_counts(num_gpus: int | None, num_nodes: int | None) -> None:
+    """Process and node counts in range (before anything is built from them)."""
+    for name, value, top in (("--num-gpus", num_gpus, MAX_PROCESSES), ("--num-nodes", num_nodes, MAX_NODES)):
+        if value is not None and not 1 <= value <= top:
+            raise ConfigError(f"{name} {value} is out of range; give a number from 1 to {top}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    device: str
+    """"cuda" or "cpu"."""
+    device_count: int
+    num_gpus: int
+    """Processes per node."""
+    hosts: tuple[Host, ...] | None = None
+    """From a hostfile; None: this node only."""
+    hostfile: str | None = None
+    launcher_kind: str = "pdsh"
+    master_addr: str | None = None
+
+    @classmethod
+    def build(cls, *, device: str, device_count: int, num_gpus: int | None, num_nodes: int | None,
+              hostfile: str | Path | None = None, include: str = "", exclude: str = "", launcher: str = "pdsh",
+              master_addr: str | None = None) -> "Cluster":
+        """Validated before anything runs: counts in range, hosts that exist, the GPUs asked for here."""
+        check_counts(num_gpus, num_nodes)
+        hosts = None
+        if hostfile is not None:
+            hosts = tuple(select_hosts(read_hostfile(hostfile), num_nodes=num_nodes, num_gpus=num_gpus,
+                                       include=include, exclude=exclude))
+            num_gpus = len(hosts[0].slots)
+        elif include or exclude:
+            raise ConfigError("--include and --exclude pick hosts from a --hostfile; give one")
+        elif num_nodes not in (None, 1):
+            raise ConfigError(f"--num-nodes {num_nodes} needs --hostfile naming the nodes, in DeepSpeed's format "
+                              "(one 'hostname slots=N' per line)")
+        num_gpus = num_gpus or (device_count if device == "cuda" else 1)
+        if device == "cuda" and hosts is None and num_gpus > device_count:
+            raise ConfigError(f"--num-gpus {num_gpus} is more than the {device_count} GPUs here")
+        return cls(device=device, device_count=device_count, num_gpus=num_gpus, hosts=hosts,
+                   hostfile=str(Path(hostfile).resolve()) if hostfile is not None else None, launcher_kind=launcher,
+                   master_addr=master_addr)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.hosts) if self.hosts else 1
+
+    @property
+    def world(self) -> int:
+        return self.num_gpus * self.num_nodes
+
+    @property
+    def multinode(self) -> bool:
+        """Trials start through a multi-node launcher (several hosts, or one that is not this one)."""
+        return self.hosts is not None and (len(self.hosts) > 1 or not self.hosts[0].local)
+
+    def make_launcher(self) -> Launcher:
+        if self.multinode:
+            from .launch._multinode import MultiNodeLauncher
+
+            return MultiNodeLauncher(list(self.hosts), device=self.device, launcher=self.launcher_kind,
+                                     master_addr=self.master_addr)
+        return LocalLauncher(device=self.device)
+
+    def slots(self, max_concurrent: int | None) -> list[Slot]:
+        if self.multinode or (self.hosts is not None and self.device == "cuda"):
+            return [Slot(0, self.hosts[0].slots)]  # one multi-node trial at a time, on the hosts' slots
+        return plan_slots(self.device, self.device_count, self.num_gpus, max_concurrent)
+
+    def topology(self) -> dict:
+        """What a measurement depends on of where it ran: part of each trial's identity."""
+        return {"device": self.device, "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
+                "hosts": [[h.name, list(h.slots)] for h in self.hosts] if self.hosts else None}
+
+    def launch_words(self, script: str, args: list[str], runner_accepts) -> list[str]:
+        """The command that trains ``script args`` on this cluster, as words for a shell.
+        ``runner_accepts(argv)``: whether DeepSpeed's runner hands the script's arguments through
+        untouched (its argparse abbreviates); if not, torchrun."""
+        if self.hosts is None or not self.multinode:
+            runner = ["--num_gpus", str(self.num_gpus), script, *args]
+            if runner_accepts(runner):
+                return ["deepspeed", *runner]
+            return ["torchrun", f"--nproc_per_node={self.num_gpus}", script, *args]
+        include = "@".join(f"{h.name}:{','.join(map(str, h.slots))}" for h in self.hosts)
+        master = self.master_addr or self.hosts[0].name
+        if self.launcher_kind == "torchrun":
+            # One agent per node: the same command with its --node-rank on each host.
+            return ["torchrun", f"--nnodes={self.num_nodes}", f"--nproc-per-node={self.num_gpus}",
+                    "--node-rank=${NODE_RANK}", f"--master-addr={master}", "--master-port=29500", script, *args]
+        runner = [f"--hostfile={self.hostfile}", f"--include={include}", f"--launcher={self.launcher_kind}",
+                  f"--master_addr={master}", script, *args]
+        if runner_accepts(runner):
+            return ["deepspeed", *runner]
+        return Cluster(**{**self.__dict__, "launcher_kind": "torchrun"}).launch_words(script, args, runner_accepts)
+
+    def shell_line(self, env: list[str], words: list[str]) -> str:
+        quoted = [w if w == "--node-rank=${NODE_RANK}" else shlex.quote(w) for w in words]
+        line = " ".join(env + quoted)
+        if self.multinode and words[:1] == ["torchrun"]:
+            hosts = " ".join(h.name for h in self.hosts)
+            return (f"# run on each node ({hosts}) with NODE_RANK set to its position in that list (0 first)\n"
+                    + line)
+        return line

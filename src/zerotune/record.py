@@ -1,0 +1,182 @@
+"""The record of one tuning: which trials belong to it, under what identity a stored trial may be
+reused, and the events the caller sees.
+
+A results folder can hold trials of earlier tunings (another space, an edited script). Only the
+trials this record lists (``tuning.json``'s ``trials``, in order) are this tuning's; every reader
+(``zerotune show``, ``report``, :func:`~zerotune.result.load_results`, the Lightning cache) uses
+that list. A stored trial is reused only when everything it measured is the same: the user's
+code, arguments, the trial's ds_config, the topology and the measurement settings. A trial that
+failed is retried when the settings that failed it (timeouts, memory budget) changed, and always
+with ``retry_failed``.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._errors import ZerotuneError
+from .store import SESSION, ResultStore, fingerprint, write_json
+from .trial import TrialResult, TrialSpec, TrialState
+
+IDENTITY_PARTS = {"code": "the script changed", "args": "the script's arguments changed",
+                  "config": "its ds_config changed", "topology": "the processes, nodes or devices changed",
+                  "measure": "the measurement settings changed"}
+"""Parts of a trial's identity, and what a rerun says when one differs."""
+FAILED = (TrialState.CRASHED, TrialState.TIMEOUT, TrialState.OOM)
+
+
+@dataclass(frozen=True)
+class TuningEvent:
+    """Progress for the caller: kind is one of started, finished, reused, pruned, best, note."""
+
+    kind: str
+    index: int = 0
+    max_trials: int = 0
+    spec: TrialSpec | None = None
+    result: TrialResult | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identity:
+    """What every trial of this tuning shares; a trial adds its own ds_config."""
+
+    code: str
+    args: list[str]
+    topology: dict[str, Any]
+    measure: dict[str, Any]
+    failure: dict[str, Any]
+    """Settings under which a trial can fail without its configuration being at fault."""
+
+    def of(self, config: dict[str, Any]) -> dict[str, str]:
+        return {"code": self.code, "args": fingerprint(self.args), "config": fingerprint(config),
+                "topology": fingerprint(self.topology), "measure": fingerprint(self.measure)}
+
+
+class TuningRecord:
+    """The store, this tuning's trials and its events. Built fresh by each ``tune()``."""
+
+    def __init__(self, root: Path, *, identity: Identity, session: dict[str, Any], overwrite: bool = False,
+                 retry_failed: bool = False, max_trials: int = 0,
+                 on_event: Callable[[TuningEvent], None] | None = None):
+        self.store = ResultStore(root, overwrite=overwrite)
+        self.root = self.store.root
+        self.identity, self.session, self.retry_failed = identity, dict(session), retry_failed
+        self.max_trials = max_trials
+        self.on_event = on_event or (lambda e: None)
+        self.trials: list[TrialResult] = []
+        self.notes: list[str] = []
+        self.launched = 0
+        self.best_name: str | None = None
+
+    # -- events --------------------------------------------------------------------------------
+    def emit(self, kind: str, index: int = 0, spec: TrialSpec | None = None, result: TrialResult | None = None,
+             message: str = "") -> None:
+        self.on_event(TuningEvent(kind, index, self.max_trials, spec, result, message))
+
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+        self.emit("note", message=message)
+
+    # -- reuse ---------------------------------------------------------------------------------
+    def why_not_reused(self, stored: dict[str, Any], config: dict[str, Any]) -> str | None:
+        """None when the stored trial can stand for one run now with ``config``; else why not."""
+        ident = stored.get("identity")
+        if not isinstance(ident, dict):
+            return "it was stored by an older zerotune"
+        now = self.identity.of(config)
+        for part, why in IDENTITY_PARTS.items():
+            if ident.get(part) != now[part]:
+                return why
+        result = stored.get("result") or {}
+        if result.get("state") in {s.value for s in FAILED}:
+            if self.retry_failed:
+                return "--retry-failed"
+            if stored.get("failure") != self.identity.failure:
+                return "it failed under other timeouts or memory budget"
+        return None
+
+    def lookup(self, spec: TrialSpec, config: dict[str, Any]) -> TrialResult | None:
+        """The stored result of ``spec`` if it may be reused, else None."""
+        stored = self.store.load_raw(spec.name)
+        if stored is None or self.why_not_reused(stored, config) is not None:
+            return None
+        try:
+            return TrialResult.from_dict(stored["result"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def key(self, config: dict[str, Any]) -> str:
+        return fingerprint(self.identity.of(config))
+
+    def resume_line(self, config_of: Callable[[TrialSpec], dict[str, Any]]) -> str | None:
+        """One line on the trials an earlier tuning left here: how many can be reused, and why
+        the others will run again. ``config_of`` gives the ds_config a spec runs with now."""
+        stored = self.store.stored()
+        if not stored:
+            return None
+        reusable, why = 0, Counter()
+        for name, data in stored.items():
+            try:
+                spec = TrialSpec.from_dict(data["result"]["spec"])
+                reason = self.why_not_reused(data, config_of(spec))
+            except (KeyError, TypeError, ValueError, AssertionError):
+                reason = "its result is damaged"
+            if reason is None:
+                reusable += 1
+            else:
+                why[reason] += 1
+        line = f"{len(stored)} trial(s) on disk in {self.root}: {reusable} reusable"
+        if why:
+            line += "; run again: " + ", ".join(f"{n} because {r}" for r, n in why.most_common())
+        return line
+
+    # -- recording -----------------------------------------------------------------------------
+    def add(self, result: TrialResult, *, saved: bool = True) -> None:
+        """Append a trial to this tuning (``saved``: its result.json is already written)."""
+        self.trials.append(result)
+        if result.state is TrialState.PRUNED and not saved:
+            self.store.save(result, {"key": "pruned"})
+        self.write_session("running")
+
+    def save(self, result: TrialResult, config: dict[str, Any]) -> None:
+        self.store.save(result, {"key": self.key(config), "identity": self.identity.of(config),
+                                 "failure": self.identity.failure})
+
+    def write_session(self, state: str, *, wall: float = 0.0, notes: list[str] | None = None,
+                      best: str | None = None, best_config: dict[str, Any] | None = None) -> None:
+        write_json(self.root / SESSION, {**self.session, "state": state, "wall_time": wall,
+                                         "trials": [t.name for t in self.trials], "notes": list(notes or self.notes),
+                                         "best": best, "best_config": best_config})
+
+    def clear_outputs(self) -> None:
+        """Remove an earlier tuning's outputs when this one has no result, so that no stale
+        ds_config_optimal.json or cmd_optimal.txt stands beside a summary saying 'best: none'."""
+        for name in OUTPUTS:
+            path = self.root / name
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+
+
+OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt")
+
+
+def read_session(root: Path) -> dict[str, Any]:
+    """``tuning.json`` of a results folder, or a ZerotuneError that says what is wrong with it."""
+    path = Path(root) / SESSION
+    if not path.is_file():
+        raise ZerotuneError(f"{root} holds no zerotune results ({SESSION} is missing); give the results_dir "
+                            "of a tuning run")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ZerotuneError(f"{path} is damaged ({type(e).__name__}); rerun the tuning command to rebuild it "
+                            "(finished trials are reused)") from None
+    if not isinstance(data, dict):
+        raise ZerotuneError(f"{path} is damaged (not a JSON object); rerun the tuning command to rebuild it "
+                            "(finished trials are reused)")
+    return data
