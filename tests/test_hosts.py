@@ -23,7 +23,7 @@ def test_hostfile_in_deepspeeds_format(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("worker-0 4\n", "is not 'hostname slots=N'"),
-    ("worker-0 slots=0\n", "at least 1"),
+    ("worker-0 slots=0\n", "with N from 1 to"),
     ("a slots=2\na slots=2\n", "listed twice"),
     ("# nothing\n", "lists no host"),
 ])

@@ -55,17 +55,30 @@ def parse_count(text: str, *, what: str) -> int:
 
 
 def _first(cfg: dict[str, Any], *keys: str) -> Any:
-    return next((cfg[k] for k in keys if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0), None)
+    """The first of ``keys`` that holds a plausible size (a positive number below 10^9)."""
+    return next((cfg[k] for k in keys if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg[k], bool)
+                 and 0 < cfg[k] < 1e9), None)
+
+
+def _no_constants(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSize:
     """A decoder-style transformer from its config.json (GPT-2, Llama, OPT, ... key names)."""
     try:
-        cfg = json.loads(Path(path).read_text())
+        cfg = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_no_constants)
     except OSError:
         raise ConfigError(f"--hf-config {str(path)!r} cannot be read; give the path of a model's config.json") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--hf-config {str(path)!r} is not UTF-8 text; give a model's config.json") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"--hf-config {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except ValueError as e:
+        raise ConfigError(f"--hf-config {str(path)!r}: {e}; give finite numbers") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"--hf-config {str(path)!r} must hold a JSON object {{...}} (a model's config.json), not "
+                          f"{type(cfg).__name__}")
     h = _first(cfg, "hidden_size", "n_embd", "d_model")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers")
     vocab = _first(cfg, "vocab_size")
@@ -102,14 +115,14 @@ def from_factory(spec: str) -> ModelSize:
         factory = getattr(module, name)
     except ConfigError:
         raise
-    except Exception as e:  # the user's code: say what failed, not where in zerotune
+    except (Exception, SystemExit) as e:  # the user's code: say what failed, not where in zerotune
         raise ConfigError(f"--factory {spec!r} cannot be imported: {type(e).__name__}: {e}") from None
     import torch
 
     try:
         with torch.device("meta"):
             model = factory()
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         raise ConfigError(f"--factory {spec!r} failed on the meta device: {type(e).__name__}: {e}") from None
     if not isinstance(model, torch.nn.Module):
         raise ConfigError(f"--factory {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
@@ -181,9 +194,12 @@ def from_args(args) -> Estimate:
     """The predictions `zerotune estimate` asks for, from its parsed options."""
     from .units import parse_size
 
-    for name in ("num_gpus", "num_nodes"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    from .cluster import check_counts
+    from .config import MAX_GLOBAL_BATCH, MAX_MICRO_BATCH
+
+    check_counts(args.num_gpus, args.num_nodes)
+    if args.seq_len is not None and not 1 <= args.seq_len <= 2**24:
+        raise ConfigError(f"--seq-len {args.seq_len} must be a number of tokens from 1 to {2**24}")
     measured_overhead = None
     if args.profile:
         import tempfile
@@ -216,9 +232,11 @@ def from_args(args) -> Estimate:
     dp = args.num_gpus * args.num_nodes
     candidates = [2**i for i in range(11)]
     if args.global_batch is not None:
-        if args.global_batch < 1 or args.global_batch % dp:
-            raise ConfigError(f"--global-batch {args.global_batch} must be a positive multiple of the {dp} devices")
-        candidates = [c for c in range(1, args.global_batch // dp + 1) if (args.global_batch // dp) % c == 0]
+        if not 1 <= args.global_batch <= MAX_GLOBAL_BATCH or args.global_batch % dp:
+            raise ConfigError(f"--global-batch {args.global_batch} must be a multiple of the {dp} devices from 1 to "
+                              f"{MAX_GLOBAL_BATCH}")
+        per_device = args.global_batch // dp
+        candidates = [c for c in range(1, min(per_device, MAX_MICRO_BATCH) + 1) if per_device % c == 0]
     rows = table(size, dp=dp, precision=args.precision, device_memory=device_memory, overhead=overhead,
                  candidates=candidates, processes_per_node=args.num_gpus)
     return Estimate(size=size, rows=rows, devices=dp, device_memory=device_memory, overhead=overhead)

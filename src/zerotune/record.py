@@ -88,12 +88,18 @@ class TuningRecord:
         ident = stored.get("identity")
         if not isinstance(ident, dict):
             return "it was stored by an older zerotune"
+        try:
+            result = TrialResult.from_dict(stored.get("result"))
+        except (TypeError, ValueError):
+            return "its result is damaged"
         now = self.identity.of(config)
         for part, why in IDENTITY_PARTS.items():
             if ident.get(part) != now[part]:
                 return why
-        result = stored.get("result") or {}
-        if result.get("state") in {s.value for s in FAILED}:
+        budget = self.identity.failure.get("budget")
+        if result.state is TrialState.OK and budget and (result.max_peak or 0) > budget:
+            return "its peak memory is above the memory budget now"
+        if result.state in FAILED:
             if self.retry_failed:
                 return "--retry-failed"
             if stored.get("failure") != self.identity.failure:
@@ -105,10 +111,8 @@ class TuningRecord:
         stored = self.store.load_raw(spec.name)
         if stored is None or self.why_not_reused(stored, config) is not None:
             return None
-        try:
-            return TrialResult.from_dict(stored["result"])
-        except (KeyError, TypeError, ValueError):
-            return None
+        result = TrialResult.from_dict(stored["result"])
+        return result if result.spec == spec else None
 
     def key(self, config: dict[str, Any]) -> str:
         return fingerprint(self.identity.of(config))
@@ -123,9 +127,10 @@ class TuningRecord:
         for name, data in stored.items():
             try:
                 spec = TrialSpec.from_dict(data["result"]["spec"])
-                reason = self.why_not_reused(data, config_of(spec))
-            except (KeyError, TypeError, ValueError, AssertionError):
+            except (KeyError, TypeError, ValueError):
                 reason = "its result is damaged"
+            else:
+                reason = self.why_not_reused(data, config_of(spec))
             if reason is None:
                 reusable += 1
             else:

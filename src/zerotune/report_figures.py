@@ -21,13 +21,28 @@ def series_label(trial: TrialResult) -> str:
     return _BATCH.sub("", trial.name)
 
 
-def throughput_data(trials: list[TrialResult], metric: str) -> dict[str, list[tuple[int, float, float]]]:
-    """Per configuration (stage and knobs), ``(micro_batch, value, ci95)`` of its OK trials."""
+MAX_SERIES = 12
+"""Lines in the throughput figure: the configurations with the best values; more would make
+neither a readable legend nor a bounded figure."""
+MAX_LANES = 60
+"""Rows of the timeline with a name each; beyond, trials share rows and go unnamed."""
+LOO_LIMIT = 20
+"""Above this many peers a memory prediction leaves out one of ten folds instead of one trial."""
+
+
+def throughput_data(trials: list[TrialResult], metric: str,
+                    limit: int = MAX_SERIES) -> dict[str, list[tuple[int, float, float]]]:
+    """Per configuration (stage and knobs), ``(micro_batch, value, ci95)`` of its OK trials; the
+    ``limit`` configurations with the best values."""
+    from .ranking import MAXIMIZE
+
     out: dict[str, list[tuple[int, float, float]]] = {}
     for t in trials:
         if t.state is TrialState.OK and t.metric(metric) is not None:
             out.setdefault(series_label(t), []).append((t.spec.micro_batch, t.metric(metric), t.metric_ci(metric) or 0.0))
-    return {k: sorted(v) for k, v in sorted(out.items())}
+    sign = -1 if MAXIMIZE[metric] else 1
+    kept = sorted(out, key=lambda k: min(sign * v for _, v, _ in out[k]))[:limit]
+    return {k: sorted(out[k]) for k in sorted(kept)}
 
 
 @dataclass
@@ -44,17 +59,22 @@ def memory_data(trials: list[TrialResult], dp: int) -> list[MemoryPoint]:
     the model calibrated on the OK trials of the same stage and offload (each trial left out of
     its own fit when its stage has three or more, so the prediction is a real one)."""
     ok = [t for t in trials if t.state is TrialState.OK and t.peak_memory and t.static_memory]
-    points = []
+    groups: dict[tuple, list[TrialResult]] = {}
     for t in ok:
-        peers = [p for p in ok if p.spec.stage == t.spec.stage and p.spec.overrides == t.spec.overrides]
-        others = [p for p in peers if p is not t] if len(peers) >= 3 else peers
-        model = MemoryModel(dp=dp, mixed_precision=False)
-        for p in others:
-            model.observe(p)
-        fit = model.fit(t.spec.stage)
-        points.append(MemoryPoint(t.name, t.spec.stage, t.spec.micro_batch, t.max_peak,
-                                  fit.predict(t.spec.micro_batch) if fit else None))
-    return points
+        groups.setdefault((t.spec.stage, t.spec.overrides), []).append(t)
+    predicted: dict[int, float | None] = {}
+    for peers in groups.values():
+        # Each trial left out of its own fit; in a large group, one of ten folds (ten fits, not n).
+        folds = len(peers) if len(peers) <= LOO_LIMIT else 10
+        for fold in range(folds):
+            held = peers[fold::folds]
+            model = MemoryModel(dp=dp, mixed_precision=False)
+            for p in (peers if len(peers) < 3 else [p for p in peers if p not in held]):
+                model.observe(p)
+            for t in held:
+                fit = model.fit(t.spec.stage)
+                predicted[id(t)] = fit.predict(t.spec.micro_batch) if fit else None
+    return [MemoryPoint(t.name, t.spec.stage, t.spec.micro_batch, t.max_peak, predicted.get(id(t))) for t in ok]
 
 
 @dataclass
@@ -71,8 +91,10 @@ def timeline_data(trials: list[TrialResult], results_dir: Path) -> list[Span]:
     time (pruned trials take no time: they mark the moment they were decided)."""
     spans = []
     for t in trials:
-        path = results_dir / t.name / "result.json"
-        end = path.stat().st_mtime if path.exists() else 0.0
+        try:
+            end = (results_dir / t.name / "result.json").stat().st_mtime
+        except OSError:
+            end = 0.0
         spans.append(Span(t.name, t.state.value, t.reason, end - (t.wall_time or 0.0), end))
     if spans:
         origin = min(s.start for s in spans)
@@ -158,23 +180,44 @@ def _save(plt, fig, ax, path: Path, *, legend: bool) -> Path:
     if legend:
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return _write_png(plt, fig, path)
+
+
+def _write_png(plt, fig, path: Path) -> Path:
+    """Save through a new file renamed into place: a link at ``path`` is replaced, never followed."""
+    import os
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
     return path
 
 
 def plot_timeline(spans: list[Span], path: Path) -> Path:
+    """One named row per trial up to MAX_LANES trials; beyond, the trials share MAX_LANES rows
+    in turn (unnamed), so the figure's size is bounded however many trials there are."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7, max(2.0, 0.28 * len(spans) + 1)))
+    lanes = min(len(spans), MAX_LANES)
+    fig, ax = plt.subplots(figsize=(7, max(2.0, 0.28 * lanes + 1)))
+    by_state: dict[str, list[tuple[int, float, float]]] = {}
     for i, s in enumerate(spans):
-        ax.barh(i, max(s.end - s.start, 0.5), left=s.start, color=COLORS.get(s.state, "#868e96"))
-    ax.set_yticks(range(len(spans)), [s.name for s in spans], fontsize=6)
+        by_state.setdefault(s.state, []).append((i % max(lanes, 1), s.start, max(s.end - s.start, 0.5)))
+    for state, bars in by_state.items():  # one call per state: fast for thousands of trials
+        rows, lefts, widths = zip(*bars)
+        ax.barh(rows, widths, left=lefts, color=COLORS.get(state, "#868e96"))
+    if len(spans) <= MAX_LANES:
+        ax.set_yticks(range(len(spans)), [s.name for s in spans], fontsize=6)
+    else:
+        ax.set_yticks([])
+        ax.set_ylabel(f"{len(spans)} trials, {MAX_LANES} rows in turn")
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the first trial")
     ax.set_title("trials by state", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
     ax.legend(handles, list(COLORS), fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _write_png(plt, fig, path)

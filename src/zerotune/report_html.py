@@ -14,8 +14,9 @@ from typing import Any
 
 from . import report_figures as rf
 from .ranking import fmt_metric
+from .record import read_session
 from .result import load_results
-from .store import SESSION, write_atomic
+from .store import write_atomic
 from .units import format_size
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:960px;color:#212529}
@@ -27,18 +28,20 @@ text-align:left}th{background:#f1f3f5}.ok{color:#2b8a3e}.oom{color:#e8590c}.prun
 def _user_config(session: dict[str, Any]) -> dict[str, Any]:
     if isinstance(session.get("user_config"), dict):
         return session["user_config"]
-    args = session.get("args") or []
+    args = session.get("args")
+    args = [a for a in args if isinstance(a, str)] if isinstance(args, list) else []
     for flag in ("--deepspeed_config", "--deepspeed"):
         if flag in args and args.index(flag) + 1 < len(args):
             try:
-                return json.loads(Path(args[args.index(flag) + 1]).read_text())
+                config = json.loads(Path(args[args.index(flag) + 1]).read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 return {}
+            return config if isinstance(config, dict) else {}
     return {}
 
 
 def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
+    data = base64.b64encode(path.read_bytes()).decode()  # read back from a folder just made, not a link
     return f'<figure><img id="{path.stem}" alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
 
 
@@ -51,14 +54,21 @@ def _table(header: list[str], rows: list[list[Any]], classes: list[str] | None =
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 2**20 else 1
+
+
 def write_report(results_dir: str | Path) -> Path:
-    """Writes ``report.html`` and ``report/*.png`` in ``results_dir``; returns the page's path."""
+    """Writes ``report.html`` and ``report/*.png`` in ``results_dir``; returns the page's path.
+    Nothing is written through a link: a ``report`` link or file in the folder is replaced."""
     root = Path(results_dir)
     result = load_results(root)
-    session = json.loads((root / SESSION).read_text())
-    dp = int(session.get("num_gpus") or 1) * int(session.get("num_nodes") or 1)
-    budget = session.get("budget")
+    session = read_session(root)
+    dp = _count(session.get("num_gpus")) * _count(session.get("num_nodes"))
+    budget = session.get("budget") if isinstance(session.get("budget"), int) and session["budget"] > 0 else None
     figs = root / "report"
+    if figs.is_symlink() or (figs.exists() and not figs.is_dir()):
+        figs.unlink()
     figs.mkdir(exist_ok=True)
     throughput = rf.throughput_data(result.trials, result.metric)
     memory = rf.memory_data(result.trials, dp)

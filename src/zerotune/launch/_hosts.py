@@ -17,6 +17,8 @@ from .._errors import ConfigError
 
 _LINE = re.compile(r"^(\S+)\s+slots\s*=\s*(\d+)$")
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+MAX_SLOTS = 4096
+"""Far above the devices of any node; bounds the slot lists built from a hostfile."""
 
 
 @dataclass(frozen=True)
@@ -34,19 +36,22 @@ class Host:
 def read_hostfile(path: str | Path) -> dict[str, int]:
     p = Path(path)
     try:
-        lines = p.read_text().splitlines()
+        lines = p.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise ConfigError(f"--hostfile {str(p)!r} cannot be read ({e.strerror}); give a file with one "
                           "'hostname slots=N' per line") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--hostfile {str(p)!r} is not UTF-8 text; give a file with one 'hostname slots=N' "
+                          "per line") from None
     hosts: dict[str, int] = {}
     for number, raw in enumerate(lines, 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         m = _LINE.match(line)
-        if not m or int(m.group(2)) < 1:
+        if not m or not 1 <= int(m.group(2)) <= MAX_SLOTS:
             raise ConfigError(f"--hostfile {str(p)!r} line {number}: {raw.strip()!r} is not 'hostname slots=N' "
-                              "with N at least 1")
+                              f"with N from 1 to {MAX_SLOTS}")
         if m.group(1) in hosts:
             raise ConfigError(f"--hostfile {str(p)!r} line {number}: host {m.group(1)!r} is listed twice")
         hosts[m.group(1)] = int(m.group(2))
