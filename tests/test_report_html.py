@@ -103,3 +103,34 @@ def test_printed_reasons_and_notes_are_never_markup(capsys):
     printer(TuningEvent("finished", 0, 5, result.spec, result))
     printer(TuningEvent("note", message=bad))
     assert console.file.getvalue().count("[/__w/pytorch/third_party/gloo/pair.cc:537]") == 2
+
+
+def many_trials_folder(root, n=2000):
+    """A results folder of ``n`` measured trials over 3 stages and many knob values."""
+    from zerotune.record import Identity, TuningRecord
+    from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+
+    ident = Identity(code="c", args=[], topology={}, measure={}, failure={})
+    record = TuningRecord(root, identity=ident, session={"metric": "throughput", "num_gpus": 2, "budget": 8 * 1024**3})
+    for i in range(n):
+        spec = TrialSpec(stage=i % 3 + 1, micro_batch=2 ** (i % 5),
+                         overrides=(("zero_optimization.reduce_bucket_size", float(1e6 + i // 15)),))
+        step = 0.1 + (i % 7) / 100
+        result = TrialResult(spec=spec, state=TrialState.OK if i % 9 else TrialState.OOM, peak_memory=[10**9 + i] * 2,
+                             static_memory=[5 * 10**8] * 2, wall_time=1.0,
+                             measurement=Measurement(samples_per_step=8, step_time_mean=step, step_time_std=0.01,
+                                                     step_time_ci95=0.005, steps_measured=10, stable=True))
+        record.save(result, {"i": i})
+        record.trials.append(result)
+    record.write_session("finished")
+    return root
+
+
+def test_a_report_of_thousands_of_trials_has_bounded_figures(tmp_path):
+    import struct
+
+    root = many_trials_folder(tmp_path / "results")
+    write_report(root)
+    for png in ("throughput", "memory", "timeline"):
+        width, height = struct.unpack(">II", (root / "report" / f"{png}.png").read_bytes()[16:24])
+        assert width <= 1200 and height <= 2400, (png, width, height)
