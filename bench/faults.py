@@ -12,9 +12,18 @@ Survived: the tuning (or its rerun) ends normally, the faulty trial is classifie
 stage 1 still wins. lost_results: trials finished before the fault that are missing, unreadable
 or rerun afterwards. orphans: trial processes alive after the tuning (or its rerun) ended.
 
-    python bench/faults.py
+    python bench/faults.py              # the fault matrix, then the hostile-input line
+    python bench/faults.py --hostile    # only the hostile inputs (seconds, no real trials)
 
-Last line: faults: injected=<n> survived=<n> lost_results=<n> orphans=<n>
+Then hostile inputs against the CLI in this process (fake launcher: nothing trains): every kind of
+damaged results folder under ``show`` and ``report``, odd option values for ``tune`` and
+``estimate``, and edits that must make a rerun measure again (the script, a module it imports,
+the ds_config, a failed trial's timeout). tracebacks: runs that ended in one; escaped: files
+changed outside the results folder; stale_reuse: trials reused although what they measured changed.
+A report of 2,000 trials is timed too.
+
+Lines: faults: injected=<n> survived=<n> lost_results=<n> orphans=<n>
+       hostile: tried=<n> tracebacks=<n> escaped=<n> stale_reuse=<n>
 """
 from __future__ import annotations
 
@@ -172,7 +181,75 @@ def disk_full() -> tuple[bool, int, int, str]:
     return ok, lost, orphans(res), f"clear error: {clear}, half-written files: {len(half)}"
 
 
+def hostile() -> None:
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hostile import damages, run_cli, tuned_folder
+
+    from zerotune.report_html import write_report
+
+    tried = tracebacks = escaped = stale = 0
+
+    def count(outcome, allowed: Path | None = None) -> None:
+        """``allowed``: a folder the user asked to be written (--tensorboard DIR)."""
+        nonlocal tried, tracebacks, escaped
+        tried += 1
+        tracebacks += bool(outcome.traceback) or outcome.code not in (0, 2)
+        escaped += sum(allowed is None or Path(p).parent != allowed for p in outcome.escaped)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "pristine").mkdir()
+        pristine = tuned_folder(Path(tmp) / "pristine")
+        for command in ("show", "report"):
+            for i in range(len(damages(pristine))):
+                box = Path(tmp) / f"{command}{i}"
+                shutil.copytree(pristine.parent, box, symlinks=True)
+                damages(box / "results")[i][1]()
+                count(run_cli([command, str(box / "results")], box, box / "results"))
+        odd = ["nan", "inf", "-1", "0", "1e400", "1000000000", "", "../x", "/proc/x", "\x1b[31m"]
+        for flag in ("--num-gpus", "--memory-per-device", "--trial-timeout", "--stall-timeout", "--precision",
+                     "--time-budget", "--hostfile", "--tensorboard", "--max-concurrent-trials"):
+            for value in odd:
+                box = Path(tmp) / "args"
+                shutil.rmtree(box, ignore_errors=True)
+                shutil.copytree(pristine.parent, box, symlinks=True)
+                count(run_cli(["tune", "--quiet", flag, value, "--results-dir", str(box / "results"), "train.py",
+                               "--deepspeed_config", "ds.json"], box, box / "results"),
+                      allowed=box / value if flag == "--tensorboard" else None)
+        for flag in ("--params", "--global-batch", "--seq-len", "--num-gpus", "--device-memory"):
+            for value in odd:
+                count(run_cli(["estimate", "--hf-config", str(ROOT / "bench" / "faults.py"), flag, value]
+                              if flag == "--seq-len" else ["estimate", *(["--params", "1B"] if flag != "--params"
+                                                                         else []), flag, value],
+                              Path(tmp), Path(tmp) / "none"))
+        # Edits that change what a trial measures: a rerun must measure again, reusing nothing.
+        edits = {"script": lambda b: (b / "train.py").write_text((b / "train.py").read_text() + "X = 1\n"),
+                 "config": lambda b: (b / "ds.json").write_text((b / "ds.json").read_text().replace(
+                     '"type": "AdamW"', '"type": "Adam"'))}
+        for name, edit in edits.items():
+            box = Path(tmp) / f"edit-{name}"
+            shutil.copytree(pristine.parent, box, symlinks=True)
+            edit(box)
+            outcome = run_cli(["tune", "--log-format", "json", "--results-dir", str(box / "results"), "train.py",
+                               "--deepspeed_config", "ds.json"], box, box / "results")
+            count(outcome)
+            stale += sum(json.loads(line).get("event") == "reused" for line in outcome.out.splitlines()
+                         if line.startswith("{"))
+        sys.path.insert(0, str(ROOT / "tests"))
+        from test_report_html import many_trials_folder
+
+        big = many_trials_folder(Path(tmp) / "big")
+        start = time.monotonic()
+        write_report(big)
+        print(f"report of 2000 trials: {time.monotonic() - start:.1f} s", flush=True)
+    print(f"hostile: tried={tried} tracebacks={tracebacks} escaped={escaped} stale_reuse={stale}")
+
+
 def main() -> None:
+    if "--hostile" in sys.argv:
+        hostile()
+        return
     os.environ.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     scenarios = {f"trial: {f}": (lambda f=f: in_trial(f)) for f in IN_TRIAL}
     scenarios.update({"port already in use": port_taken, "results disk full": disk_full,
@@ -191,6 +268,7 @@ def main() -> None:
         print(f"{name:32} {'survived' if ok else 'FAILED':8} lost={n_lost} orphans={n_left} "
               f"{time.monotonic() - start:5.0f} s  {detail}", flush=True)
     print(f"faults: injected={len(scenarios)} survived={survived} lost_results={lost} orphans={left}")
+    hostile()
 
 
 if __name__ == "__main__":
