@@ -42,6 +42,7 @@ def ds_config(stage: int, mb: int, off_opt: str, off_param: str) -> dict:
 
 def run_trial(cfg: dict, name: str, out: Path, args):
     from zerotune.launch import LocalLauncher, TrialJob
+    from zerotune.settings import MeasureSettings
     from zerotune.trial import TrialSpec, TrialState
 
     d = out / name
@@ -58,8 +59,8 @@ def run_trial(cfg: dict, name: str, out: Path, args):
     (d / "ds_config.json").write_text(json.dumps(cfg))
     job = TrialJob(spec=spec, trial_dir=d, script=str(ROOT / "examples" / "gpt.py"),
                    script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
-                   local_rank_arg=True, num_gpus=2, budget=None, warmup_steps=2, min_steps=3, max_seconds=3.0,
-                   rel_ci=0.5, timeout=600)
+                   local_rank_arg=True, num_gpus=2, budget=None, warmup_steps=2, min_steps=3,
+                   measure=MeasureSettings(max_seconds=3.0, precision=0.5))
     result = LocalLauncher(device="cpu").run(job)
     if result.state is not TrialState.OK:
         sys.exit(f"{name} failed: {result.state.value} {result.reason} (see {d})")

@@ -49,6 +49,7 @@ def space():
 def measure(spec, out: Path, args) -> dict:
     """One real trial of ``spec``; returns its row of the table."""
     from zerotune.launch import LocalLauncher, TrialJob
+    from zerotune.settings import MeasureSettings
     from zerotune.space import trial_config
 
     d = out / spec.name
@@ -59,7 +60,7 @@ def measure(spec, out: Path, args) -> dict:
     job = TrialJob(spec=spec, trial_dir=d, script=str(ROOT / "examples" / "gpt.py"),
                    script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
                    local_rank_arg=True, num_gpus=DP, budget=None, warmup_steps=2, min_steps=3,
-                   max_seconds=args.max_seconds, rel_ci=args.precision, timeout=600)
+                   measure=MeasureSettings(max_seconds=args.max_seconds, precision=args.precision))
     r = LocalLauncher(device="cpu").run(job)
     m = r.measurement
     return {"name": spec.name, "state": r.state.value, "reason": r.reason, "peak": r.max_peak,

@@ -97,6 +97,7 @@ def describe(cfg: dict) -> str:
 def measure(cfg: dict, name: str, out: Path, args) -> float:
     """One independent end-to-end measurement of ``cfg``: a fresh trial, zerotune's probe."""
     from zerotune.launch import LocalLauncher, TrialJob
+    from zerotune.settings import MeasureSettings
     from zerotune.trial import TrialSpec, TrialState
 
     d = out / "remeasure" / name
@@ -109,7 +110,7 @@ def measure(cfg: dict, name: str, out: Path, args) -> float:
     job = TrialJob(spec=spec, trial_dir=d, script=str(ROOT / "examples" / "gpt.py"),
                    script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
                    local_rank_arg=True, num_gpus=args.num_gpus, budget=None, warmup_steps=3, min_steps=5,
-                   max_seconds=30.0, rel_ci=0.02, timeout=600)
+                   measure=MeasureSettings(max_seconds=30.0, precision=0.02))
     result = LocalLauncher(device="cpu").run(job)
     if result.state is not TrialState.OK:
         sys.exit(f"re-measuring {name} failed: {result.state.value} {result.reason}")

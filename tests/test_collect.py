@@ -81,7 +81,7 @@ def test_script_too_short_to_measure(tmp_path):
 def test_deepspeed_shm_buffers_of_the_trial_are_removed(tmp_path):
     import os
 
-    from zerotune.launch._local import remove_shm_buffers
+    from zerotune.launch._process import remove_shm_buffers
 
     uid = os.getuid()
     ours = [tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_4100_{r}" for r in (0, 1)]

@@ -2,7 +2,6 @@
 import base64
 import json
 import threading
-import time
 
 import pytest
 
@@ -15,13 +14,17 @@ GIB = 1024**3
 
 
 class SlowFake(FakeLauncher):
-    """Takes a little time per trial and records which slots ran at once."""
+    """Records which slots ran at once. The first ``target`` trials each wait (on a condition,
+    not a clock) until ``target`` trials run at once, so that a loaded machine cannot make the
+    tuner look serial: a tuner that never fills its slots fails by the timeout."""
 
-    def __init__(self, machine=None):
+    def __init__(self, machine=None, target: int = 4):
         super().__init__(machine)
-        self.lock = threading.Lock()
+        self.lock = threading.Condition()
         self.active: list = []
         self.peak = 0
+        self.started = 0
+        self.target = target
         self.overlaps_ok = True
         self.same_stage_at_once = False
 
@@ -31,8 +34,11 @@ class SlowFake(FakeLauncher):
             self.overlaps_ok &= not (used & set(job.slot.devices))
             self.same_stage_at_once |= job.spec.stage in {j.spec.stage for j in self.active}
             self.active.append(job)
+            self.started += 1
             self.peak = max(self.peak, len(self.active))
-        time.sleep(0.05)
+            self.lock.notify_all()
+            if self.started <= self.target:
+                self.lock.wait_for(lambda: self.peak >= self.target, timeout=60)
         try:
             return super().run(job)
         finally:
@@ -41,7 +47,8 @@ class SlowFake(FakeLauncher):
 
 
 def tuner_on(tuner_factory, gpus, **kw):
-    launcher = SlowFake(FakeMachine(speed={0: 1.0, 1: 0.6, 2: 1.2, 3: 0.4}))
+    launcher = SlowFake(FakeMachine(speed={0: 1.0, 1: 0.6, 2: 1.2, 3: 0.4}),
+                        target=min(gpus // 2, kw.get("max_concurrent_trials") or gpus))
     tuner = tuner_factory({"fast": False, "tuner_early_stopping": 50, "tuner_num_trials": 200},
                           launcher=launcher, node=Node("cuda", gpus, 16 * GIB, 64 * GIB), **kw)
     return tuner, launcher

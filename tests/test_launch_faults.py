@@ -6,7 +6,7 @@ import time
 
 from zerotune.launch import leftovers, reap
 from zerotune.launch._collect import collect, port_in_use
-from zerotune.launch._local import stalled
+from zerotune.launch._process import stalled
 from zerotune.trial import TrialSpec, TrialState
 
 
@@ -64,9 +64,17 @@ def test_port_in_use_is_recognised(tmp_path):
 
 
 def sleeper(tmp_path, tuner_pid):
+    """A trial-like process that ignores SIGTERM; returns once it does (it says so in a file)."""
     env = {**os.environ, "ZEROTUNE_PROBE": str(tmp_path / "z1_mb2" / "probe.json"), "ZEROTUNE_TUNER_PID": tuner_pid}
-    return subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
-                             "signal.SIG_IGN); time.sleep(60)"], env=env)
+    ready = tmp_path / f"ready.{tuner_pid}.{len(list(tmp_path.glob('ready.*')))}"
+    proc = subprocess.Popen([sys.executable, "-c", "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, "
+                             "signal.SIG_IGN); pathlib.Path(sys.argv[1]).touch(); time.sleep(600)", str(ready)],
+                            env=env)
+    deadline = time.monotonic() + 120
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # waiting on the file, however slow the machine
+    assert ready.exists(), "the sleeper did not start"
+    return proc
 
 
 def test_leftovers_of_a_dead_tuner_are_found_and_ended(tmp_path):
@@ -75,7 +83,6 @@ def test_leftovers_of_a_dead_tuner_are_found_and_ended(tmp_path):
     orphan = sleeper(tmp_path, str(dead.pid))
     ours = sleeper(tmp_path, str(os.getpid()))  # this process's own trial: never a leftover
     try:
-        time.sleep(0.3)
         assert leftovers(tmp_path) == [orphan.pid]
         assert reap(tmp_path, grace=1.0) == 1  # it ignores SIGTERM: SIGKILL ends it
         assert orphan.wait(timeout=5) == -9

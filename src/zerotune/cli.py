@@ -20,6 +20,8 @@ section is read with DeepSpeed's key names."""
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .settings import MEASURE_DEFAULTS
+
     p = argparse.ArgumentParser(prog="zerotune", usage=USAGE, description=DESCRIPTION, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["tune", "run", "show", "report", "estimate"])
@@ -41,13 +43,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--results-dir", default=None, metavar="DIR",
                    help="where trials and outputs go (default: autotuning.results_dir, else autotuning_results)")
     p.add_argument("--time-budget", default=None, metavar="T", help="launch no trial after this long, e.g. 20m")
-    p.add_argument("--trial-timeout", type=float, default=600.0, metavar="S", help="seconds before a trial is ended")
+    p.add_argument("--trial-timeout", type=float, default=None, metavar="S",
+                   help=f"seconds before a trial is ended (default {MEASURE_DEFAULTS.trial_timeout:.0f})")
     p.add_argument("--max-concurrent-trials", type=int, default=None, metavar="N",
                    help="trials at once, each on its own GPUs (default: GPUs // --num-gpus; 1 on CPU)")
-    p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
-                   help="end a trial whose training made no step on any rank for this long (a hang)")
-    p.add_argument("--precision", type=float, default=0.03,
-                   help="stop measuring a trial once the 95%% interval of its step time is within this fraction")
+    p.add_argument("--stall-timeout", type=float, default=None, metavar="S",
+                   help="end a trial whose training made no step on any rank for this long (a hang; default "
+                        f"{MEASURE_DEFAULTS.stall_timeout:.0f})")
+    p.add_argument("--precision", type=float, default=None,
+                   help="stop measuring a trial once the 95%% interval of its step time is within this fraction "
+                        f"(default {MEASURE_DEFAULTS.precision})")
     p.add_argument("--overwrite", action="store_true", help="discard finished trials instead of resuming")
     p.add_argument("--retry-failed", action="store_true",
                    help="run again the stored trials that crashed, timed out or ran out of memory (they are reused "

@@ -24,7 +24,8 @@ from .search import MicroBatchSearch, Searcher
 from .space import invalid_reason, trial_config
 from .store import write_json
 from .trial import TrialSpec
-from .units import parse_duration, parse_size, positive_seconds
+from .settings import MeasureSettings
+from .units import parse_duration, parse_size
 
 __all__ = ["Autotuner", "TuningEvent"]
 
@@ -52,19 +53,18 @@ class Autotuner:
                  memory_per_device: int | str | None = None,
                  results_dir: str | Path | None = None, searcher: Searcher | None = None,
                  budget: float | str | None = None, launcher: Launcher | None = None,
-                 on_event: Callable[[TuningEvent], None] | None = None, trial_timeout: float = 600.0,
-                 precision: float = 0.03, max_measure_seconds: float = 15.0, overwrite: bool | None = None,
-                 node: hardware.Node | None = None, lightning: LightningJob | None = None,
-                 offload: bool | None = None, stall_timeout: float = 120.0,
+                 on_event: Callable[[TuningEvent], None] | None = None, trial_timeout: float | None = None,
+                 precision: float | None = None, max_measure_seconds: float | None = None,
+                 overwrite: bool | None = None, node: hardware.Node | None = None,
+                 lightning: LightningJob | None = None, offload: bool | None = None,
+                 stall_timeout: float | None = None,
                  max_concurrent_trials: int | None = None, hostfile: str | Path | None = None, include: str = "",
                  exclude: str = "", multinode_launcher: str = "pdsh", master_addr: str | None = None,
                  retry_failed: bool = False):
         self.command = UserCommand.from_callable(command) if callable(command) else UserCommand.parse(command)
         self.node = node or hardware.detect()
-        trial_timeout = positive_seconds(trial_timeout, "trial_timeout (--trial-timeout)")
-        stall_timeout = positive_seconds(stall_timeout, "stall_timeout (--stall-timeout)")
-        if not 0 < precision < 1:
-            raise ConfigError(f"precision (--precision) {precision!r} must be a fraction between 0 and 1, e.g. 0.03")
+        self.measure = MeasureSettings.of(precision=precision, max_seconds=max_measure_seconds,
+                                          trial_timeout=trial_timeout, stall_timeout=stall_timeout)
         cluster_args = dict(device=self.node.device, device_count=self.node.device_count, num_nodes=num_nodes,
                             hostfile=hostfile, include=include, exclude=exclude, launcher=multinode_launcher,
                             master_addr=master_addr)
@@ -91,8 +91,6 @@ class Autotuner:
         self.launcher = launcher or self.cluster.make_launcher()
         self.slots = self.cluster.slots(max_concurrent_trials)
         self.on_event = on_event or (lambda e: None)
-        self.trial_timeout, self.precision, self.max_measure_seconds = trial_timeout, precision, max_measure_seconds
-        self.stall_timeout = stall_timeout
         self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16")
                                    if isinstance(self.user_config.get(k), dict))
         self.offload = offload
@@ -177,11 +175,11 @@ class Autotuner:
         at = self.request.autotuning
         return Identity(code=self.command.code_identity(), args=self.command.identity_args(),
                         topology=self.cluster.topology(),
-                        measure={"precision": self.precision, "max_seconds": self.max_measure_seconds,
+                        measure={"precision": self.measure.precision, "max_seconds": self.measure.max_seconds,
                                  "start_profile_step": at.start_profile_step, "end_profile_step": at.end_profile_step,
                                  "lightning": self.lightning is not None},
-                        failure={"trial_timeout": self.trial_timeout, "stall_timeout": self.stall_timeout,
-                                 "budget": self.budget})
+                        failure={"trial_timeout": self.measure.trial_timeout,
+                                 "stall_timeout": self.measure.stall_timeout, "budget": self.budget})
 
     def tune(self) -> TuningResult:
         """Run the search. Each call starts from a fresh state; finished trials on disk whose
@@ -266,8 +264,7 @@ class Autotuner:
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),
-                       max_seconds=self.max_measure_seconds, rel_ci=self.precision, timeout=self.trial_timeout,
-                       stall_timeout=self.stall_timeout, key=record.key(cfg))
+                       measure=self.measure, key=record.key(cfg))
         exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
         write_json(d / "exp.json", exp)
         if "exps_dir" in at.model_fields_set:  # DeepSpeed's layout, when the user asked for it

@@ -54,10 +54,5 @@ def test_two_trials_at_once_on_disjoint_cores(tmp_path):
     events = [json.loads(line) for line in out.stdout.splitlines()]  # stdout holds JSON lines only
     assert events[-1]["event"] == "result" and events[-1]["best"]
     assert [e["event"] for e in events].count("started") == 2
-    spans = []
-    for trial in res.glob("z*"):
-        start = (trial / "cmd.txt").stat().st_mtime
-        end = (trial / "result.json").stat().st_mtime
-        spans.append((start, end))
-    spans.sort()
-    assert len(spans) >= 2 and spans[1][0] < spans[0][1]  # the second started before the first ended
+    kinds = [e["event"] for e in events if e["event"] in ("started", "finished")]
+    assert kinds[:2] == ["started", "started"]  # the second started before the first finished

@@ -1,6 +1,7 @@
 """Starting a trial's processes."""
 from ._base import Launcher, TrialJob
-from ._local import LocalLauncher, ProcessGroup, launcher_argv, trial_env
+from ._local import LocalLauncher
+from ._process import ProcessGroup, launcher_argv, trial_env
 from ._orphans import leftovers, reap
 from ._slots import Slot, plan_slots
 

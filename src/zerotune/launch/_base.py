@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..settings import MeasureSettings
 from ..trial import TrialResult, TrialSpec
 from ._slots import Slot
 
@@ -25,12 +26,8 @@ class TrialJob:
     warmup_steps: int
     min_steps: int
     max_steps: int = 60
-    max_seconds: float = 30.0
-    rel_ci: float = 0.03
-    timeout: float = 600.0
-    stall_timeout: float = 120.0
-    """Once training has started, a trial with no forward or optimizer step on any rank for
-    this long (or 5 x its longest step, if more) is hung: ended and recorded as a timeout."""
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+    """Precision, measuring time, the trial and stall timeouts."""
     to_beat: dict[str, Any] | None = None
     """{"metric": "throughput"|"latency", "value": v}: the trial may stop measuring as soon as
     it clearly cannot beat v (the best so far)."""
@@ -52,7 +49,7 @@ class TrialJob:
         return {"mode": "measure", "script": self.script, "args": self.script_args,
                 "local_rank_arg": self.local_rank_arg, "out_dir": str(trial_dir), "budget": self.budget,
                 "warmup_steps": self.warmup_steps, "min_steps": self.min_steps, "max_steps": self.max_steps,
-                "max_seconds": self.max_seconds, "rel_ci": self.rel_ci, "to_beat": self.to_beat,
+                "max_seconds": self.measure.max_seconds, "rel_ci": self.measure.precision, "to_beat": self.to_beat,
                 "lightning_config": str(trial_dir / "ds_config.json") if self.lightning else None,
                 "expect": {"stage": self.spec.stage, "micro_batch": self.spec.micro_batch,
                            "grad_accum": self.spec.grad_accum}}

@@ -13,18 +13,16 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 from .._errors import LaunchError
-from ..store import write_atomic, write_json
+from ..store import write_atomic
 from ..trial import TrialResult
-from ._base import Launcher, TrialJob
-from ._collect import collect
+from ._base import TrialJob
 from ._hosts import Host
-from ._local import ProcessGroup, free_port, remove_shm_buffers, stalled, trial_env
 from ._orphans import TUNER_PID
+from ._process import ProcessGroup, free_port, remove_shm_buffers, trial_env
+from ._supervise import SupervisingLauncher
 
 RUNNER_TOOLS = {"pdsh": "pdsh", "openmpi": "mpirun", "mpich": "mpirun", "mvapich": "mpirun", "slurm": "srun",
                 "impi": "mpirun"}
@@ -34,14 +32,13 @@ SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
 FORWARDED = ("DS_ACCELERATOR", "OMP_NUM_THREADS", "PYTHONPATH", "ZEROTUNE_PROBE", TUNER_PID)
 
 
-class MultiNodeLauncher(Launcher):
+class MultiNodeLauncher(SupervisingLauncher):
     def __init__(self, hosts: list[Host], *, device: str, launcher: str = "pdsh", master_addr: str | None = None):
         if launcher not in LAUNCHERS:
             raise LaunchError(f"--launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
-        self.hosts, self.device, self.kind = hosts, device, launcher
+        super().__init__(device=device)
+        self.hosts, self.kind = hosts, launcher
         self.master_addr = master_addr or ("127.0.0.1" if hosts[0].local else hosts[0].name)
-        self._running: set[ProcessGroup] = set()
-        self._lock = threading.Lock()
 
     # -- before any trial ----------------------------------------------------------------------
     def preflight(self) -> None:
@@ -121,51 +118,21 @@ class MultiNodeLauncher(Launcher):
 
     # -- a trial -------------------------------------------------------------------------------
     def run(self, job: TrialJob) -> TrialResult:
-        d = job.trial_dir.resolve()
-        for stale in d.glob("rank*.*"):
-            stale.unlink()
-        world = job.num_gpus * len(self.hosts)
-        write_json(d / "probe.json", job.probe_spec(d))
-        env = trial_env(job.num_gpus, self.device, {**job.env, "ZEROTUNE_PROBE": str(d / "probe.json"),
-                                                    TUNER_PID: str(os.getpid())})
-        port = free_port()
-        start = time.monotonic()
-        groups = self._start(job.num_gpus, d, env, port)
-        with self._lock:
-            self._running.update(groups)
-        timed_out, hung = False, None
-        try:
-            while any(g.proc.poll() is None for g in groups):
-                if time.monotonic() - start > job.timeout:
-                    timed_out = True
-                    break
-                if (hung := stalled(d, world, job.stall_timeout)) is not None:
-                    break
-                if all((d / f"rank{r}.json").exists() for r in range(world)):
-                    break
-                # One node's agent failed: the others' ranks wait in a collective that never ends.
-                if any(g.proc.poll() not in (None, 0) for g in groups):
-                    time.sleep(2.0)
-                    break
-                time.sleep(0.1)
-        finally:
-            for g in groups:
-                g.kill()
-            with self._lock:
-                self._running.difference_update(groups)
-            remove_shm_buffers(port, self.master_addr)
-        codes = [g.proc.returncode for g in groups]
-        log = d / "launcher.log"
-        if self.kind == "torchrun":  # one log for collect: each node's, in turn
-            write_atomic(log, "".join(f"== node {i} ({h.name}), exit {codes[i]} ==\n"
-                                   + (d / f"launcher.node{i}.log").read_text(errors="replace")
-                                   for i, h in enumerate(self.hosts)))
-        return collect(spec=job.spec, trial_dir=d, world=world, returncode=next((c for c in codes if c), codes[0]),
-                       timed_out=timed_out, timeout=job.timeout, wall_time=time.monotonic() - start,
-                       budget=job.budget, min_steps=job.min_steps, rel_ci=job.rel_ci, hung=hung)
+        d, env = self.prepare(job)
+        return self.attempt(job, d, env, free_port())
 
-    def close(self) -> None:
-        with self._lock:
-            running, self._running = list(self._running), set()
-        for g in running:
-            g.kill(grace=2.0)
+    def start(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> list[ProcessGroup]:
+        return self._start(job.num_gpus, d, env, port)
+
+    def world(self, job: TrialJob) -> int:
+        return job.num_gpus * len(self.hosts)
+
+    def release(self, port: int) -> None:
+        remove_shm_buffers(port, self.master_addr)
+
+    def finished(self, job: TrialJob, d: Path, groups: list[ProcessGroup]) -> None:
+        if self.kind == "torchrun":  # one log for collect: each node's, in turn
+            codes = [g.proc.returncode for g in groups]
+            write_atomic(d / "launcher.log", "".join(f"== node {i} ({h.name}), exit {codes[i]} ==\n"
+                                                    + (d / f"launcher.node{i}.log").read_text(errors="replace")
+                                                    for i, h in enumerate(self.hosts)))

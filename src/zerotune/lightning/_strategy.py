@@ -55,7 +55,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
                  offload: bool | None = None,
                  metric: str = "throughput", global_batch: int | None = None, time_budget: float | str | None = None,
                  max_trials: int | None = None, memory_per_device: int | str | None = None,
-                 trial_timeout: float = 600.0, cache_dir: str | Path | None = None, retune: bool = False,
+                 trial_timeout: float | None = None, cache_dir: str | Path | None = None, retune: bool = False,
                  **kwargs: Any):
         user_config = kwargs.get("config") is not None or (self.DEEPSPEED_ENV_VAR in os.environ)
         super().__init__(*args, **kwargs)

@@ -29,7 +29,8 @@ class Tuning:
     time_budget: float | str | None = None
     max_trials: int | None = None
     memory_per_device: int | str | None = None
-    trial_timeout: float = 600.0
+    trial_timeout: float | None = None
+    """None: MeasureSettings' default."""
     cache_dir: str | Path | None = None
     retune: bool = False
     user_config: bool = False

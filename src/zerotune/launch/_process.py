@@ -1,0 +1,118 @@
+"""Processes of trials: their environment, DeepSpeed's per-node launcher command, a process group
+ended as one, heartbeats, ports and shared-memory buffers."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .._proc import die_with_parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def remove_shm_buffers(port: int, addr: str = "127.0.0.1", shm_dir: Path = SHM_DIR) -> int:
+    """Remove the shared-memory allreduce buffers DeepSpeed's CPU backend made for the job on
+    ``addr:port``. DeepSpeed never unlinks them (about 66 MB per rank), so without this every
+    trial on CPU would leave them in /dev/shm until the machine runs out of memory."""
+    removed = 0
+    for path in shm_dir.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_*"):
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def trial_env(num_gpus: int, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a trial's processes. On CPU: DeepSpeed's CPU accelerator and one share
+    of the cores per process, so that ranks do not fight over threads."""
+    env = dict(os.environ)
+    if device == "cpu":
+        env.setdefault("DS_ACCELERATOR", "cpu")
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_gpus)))
+    env.update(extra or {})
+    return env
+
+
+def launcher_argv(num_gpus: int, port: int, devices: list[int] | None = None) -> list[str]:
+    """DeepSpeed's per-node launcher starting ``zerotune.probe`` on ``num_gpus`` local ranks, on
+    ``devices`` (machine-wide GPU ids; DeepSpeed's launcher makes them the ranks' visible devices).
+    The user's arguments are not here: the probe reads them from the trial folder."""
+    ids = list(devices)[:num_gpus] if devices else list(range(num_gpus))
+    world = base64.urlsafe_b64encode(json.dumps({"localhost": ids}).encode()).decode()
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+            "--master_addr=127.0.0.1", f"--master_port={port}", "--no_local_rank", "--module", "zerotune.probe"]
+
+
+class ProcessGroup:
+    """A child started in its own session, so that it and everything it starts can be ended
+    together with one killpg."""
+
+    def __init__(self, argv: list[str], *, env: dict[str, str], log: Path | None, cwd: str | None = None,
+                 cores: tuple[int, ...] | None = None):
+        """``log`` None: the child writes to this process's stdout and stderr. ``cores``: bind the
+        child (and so everything it starts) to these CPU cores."""
+        self._log = open(log, "ab") if log is not None else None
+
+        def prepare() -> None:
+            die_with_parent()
+            if cores:
+                os.sched_setaffinity(0, cores)
+
+        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT if log else None,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd, preexec_fn=prepare)
+
+    def kill(self, grace: float = 3.0) -> None:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                # The leader is gone; members of its group may remain: end those too.
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except subprocess.TimeoutExpired:
+                continue
+            except ProcessLookupError:
+                pass
+            break
+        if self._log is not None:
+            self._log.close()
+
+
+def stalled(trial_dir: Path, world: int, floor: float, now: float | None = None) -> str | None:
+    """Why the trial counts as hung, or None: its ranks' heartbeats (written by the probe at
+    every forward and optimizer step) all older than the limit. Before the first heartbeat
+    (start-up, compiling) only the trial timeout applies."""
+    beats = []
+    for r in range(world):
+        path = trial_dir / f"rank{r}.progress"
+        try:
+            steps, longest = path.read_text().split()
+            beats.append((path.stat().st_mtime, int(steps), float(longest)))
+        except (OSError, ValueError):
+            continue
+    if not beats:
+        return None
+    limit = max(floor, 5 * max(b[2] for b in beats))
+    idle = (time.time() if now is None else now) - max(b[0] for b in beats)
+    if idle <= limit:
+        return None
+    return (f"hung: no forward or optimizer step on any rank for {idle:.0f} s (limit {limit:.0f} s) after "
+            f"{max(b[1] for b in beats)} optimizer steps")

@@ -1,0 +1,38 @@
+"""Settings that every face (CLI, Python API, Lightning strategy) builds the same way, each
+validated once, here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._errors import ConfigError
+from .units import positive_seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureSettings:
+    """How a trial is measured and when it is given up."""
+
+    precision: float = 0.03
+    """Stop measuring once the 95% interval of the mean step time is within this fraction of it."""
+    max_seconds: float = 15.0
+    """Measure at most this long (then the trial is marked capped, its interval as measured)."""
+    trial_timeout: float = 600.0
+    """End a trial after this many seconds in all (start-up included) and record it as timeout."""
+    stall_timeout: float = 120.0
+    """Once training has started, end a trial with no forward or optimizer step on any rank for
+    this long (or 5 x its slowest step, if more): a hang."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.precision, (int, float)) or not 0 < self.precision < 1:
+            raise ConfigError(f"precision (--precision) {self.precision!r} must be a fraction between 0 and 1, "
+                              "e.g. 0.03")
+        for name in ("max_seconds", "trial_timeout", "stall_timeout"):
+            object.__setattr__(self, name, positive_seconds(getattr(self, name), f"{name} (--{name.replace('_', '-')})"))
+
+    @classmethod
+    def of(cls, **given: float | None) -> "MeasureSettings":
+        """Settings from keyword values where None means the default (the faces' optional options)."""
+        return cls(**{k: v for k, v in given.items() if v is not None})
+
+
+MEASURE_DEFAULTS = MeasureSettings()
