@@ -78,7 +78,8 @@ def test_lightning_trials_get_the_config_through_the_probe_not_the_arguments(lig
     tuner = lightning_tuner()
     result = tuner.tune()
     assert tuner.num_gpus == 2  # the Trainer's devices
-    assert all(j.lightning and j.script_args == ["--epochs", "3"] for j in tuner.fake.jobs)
+    assert all(j.probe_spec(j.trial_dir)["lightning_config"] == str((j.trial_dir / "ds_config.json").resolve())
+               and j.script_args == ["--epochs", "3"] for j in tuner.fake.jobs)
     assert result.best_config["train_batch_size"] == 32
     assert {s for s in (j.spec.stage for j in tuner.fake.jobs)} == {0, 1, 2, 3}
     written = json.loads((tmp_path / "results" / "ds_config_optimal.json").read_text())

@@ -92,6 +92,21 @@ class Cluster:
         return {"device": self.device, "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
                 "hosts": [[h.name, list(h.slots)] for h in self.hosts] if self.hosts else None}
 
+    def env_words(self) -> list[str]:
+        """VAR=value words the final command needs: on CPU, DeepSpeed's CPU accelerator and the
+        threads per process that the trials ran with (the figures hold only with them)."""
+        if self.device != "cpu":
+            return []
+        from .launch import trial_env
+
+        env = trial_env(self.num_gpus, self.device)
+        return [f"{k}={shlex.quote(env[k])}" for k in ("DS_ACCELERATOR", "OMP_NUM_THREADS") if k in env]
+
+    def command_line(self, script: str, args: list[str]) -> str:
+        """The shell line (every word quoted) that trains ``script args`` on this cluster."""
+        words = self.launch_words(script, args, lambda runner: runner_accepts(runner, script, args, self.device))
+        return self.shell_line(self.env_words(), words)
+
     def launch_words(self, script: str, args: list[str], runner_accepts) -> list[str]:
         """The command that trains ``script args`` on this cluster, as words for a shell.
         ``runner_accepts(argv)``: whether DeepSpeed's runner hands the script's arguments through
@@ -121,3 +136,28 @@ class Cluster:
             return (f"# run on each node ({hosts}) with NODE_RANK set to its position in that list (0 first)\n"
                     + line)
         return line
+
+
+def runner_accepts(argv: list[str], script: str, args: list[str], device: str) -> bool:
+    """Whether DeepSpeed's runner would hand ``args`` to the script untouched (its argparse
+    takes abbreviations, so a script flag like --n can be read as its own --num_nodes)."""
+    import logging
+    import os
+
+    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
+    # Importing DeepSpeed probes for an accelerator (and warns) unless told; tell it only for the
+    # import, so that this process's environment is left as the caller had it.
+    saved = os.environ.get("DS_ACCELERATOR")
+    os.environ.setdefault("DS_ACCELERATOR", device)
+    try:
+        from deepspeed.launcher.runner import parse_args
+    except ImportError:
+        return True
+    finally:
+        if saved is None:
+            os.environ.pop("DS_ACCELERATOR", None)
+    try:
+        parsed = parse_args(argv)
+    except SystemExit:
+        return False
+    return parsed.user_script == script and list(parsed.user_args) == list(args)

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError, LaunchError
+from .command import UserCommand
+from .targets import Target
 
 BATCH_KEYS = ("gradient_accumulation_steps", "train_batch_size", "train_micro_batch_size_per_gpu")
 INSPECT = "inspect.json"
@@ -89,6 +91,60 @@ class LightningJob:
     def from_dict(cls, data: dict[str, Any]) -> "LightningJob":
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+
+@dataclass
+class LightningTarget(Target):
+    """A Lightning program: the config reaches its DeepSpeedStrategy through the probe's hooks
+    (trials) or PL_DEEPSPEED_CONFIG_PATH (the final command), never a --deepspeed_config argument;
+    the Trainer starts its own processes."""
+
+    command: UserCommand
+    job: LightningJob
+
+    def config_source(self, given):
+        source = super().config_source(given)
+        return self.job.tuning_config() if source is None else source
+
+    def processes(self, num_gpus: int | None) -> int:
+        job = self.job
+        if job.num_nodes != 1:
+            raise ConfigError(f"the Trainer asks for num_nodes={job.num_nodes}; zerotune tunes on one node: tune "
+                              "with num_nodes=1, then train on more nodes with the config it writes")
+        if num_gpus is not None and num_gpus != job.world_size:
+            raise ConfigError(f"--num-gpus {num_gpus} does not match the Trainer's devices={job.world_size}; "
+                              f"pass --num-gpus {job.world_size} (or leave it out) or change the Trainer")
+        return job.world_size
+
+    @property
+    def num_params(self) -> int | None:
+        return self.job.num_params
+
+    def trial_args(self, config: Path, mapped: dict[str, str]) -> list[str]:
+        return self.command.trial_args(None, mapped)
+
+    def probe_fields(self, config: Path) -> dict[str, Any]:
+        return {"lightning_config": str(config.resolve())}
+
+    def final_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        return lightning_form(config)
+
+    def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str], cluster) -> str:
+        """A Lightning script reads the config from PL_DEEPSPEED_CONFIG_PATH and starts its own processes."""
+        import shlex
+
+        words = ["python", self.script, *self.trial_args(optimal, mapped)]
+        line = " ".join(cluster.env_words() + [f"PL_DEEPSPEED_CONFIG_PATH={shlex.quote(str(optimal.resolve()))}"]
+                        + [shlex.quote(w) for w in words]) + "\n"
+        if self.job.strategy == "AutotuneDeepSpeedStrategy":
+            return line
+        mb, gas = trainer_settings(config, self.job.world_size)
+        return (f"# {self.job.strategy} takes the stage and ZeRO settings from this config, but not the batch: set "
+                f"batch_size={mb} and Trainer(accumulate_grad_batches={gas}) in the script, or use "
+                "strategy=\"deepspeed_autotune\" (zerotune.lightning), which sets both from the config.\n" + line)
+
+    def after_tuning(self, result) -> None:
+        write_cache(self.job, result)
 
 
 def lightning_form(config: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from .cluster import Cluster, check_counts
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
 from .launch import Launcher, TrialJob, reap
-from .lightning_job import LightningJob, inspect_script, lightning_form, looks_like_lightning
 from .loop import PhaseRun
 from .memory import MemoryModel
 from .memory_terms import MemorySetup
@@ -25,6 +24,7 @@ from .space import invalid_reason, trial_config
 from .store import write_json
 from .trial import TrialSpec
 from .settings import MeasureSettings
+from .targets import Target, detect, require_config
 from .units import parse_duration, parse_size
 
 __all__ = ["Autotuner", "TuningEvent"]
@@ -56,7 +56,7 @@ class Autotuner:
                  on_event: Callable[[TuningEvent], None] | None = None, trial_timeout: float | None = None,
                  precision: float | None = None, max_measure_seconds: float | None = None,
                  overwrite: bool | None = None, node: hardware.Node | None = None,
-                 lightning: LightningJob | None = None, offload: bool | None = None,
+                 lightning: Any = None, offload: bool | None = None,
                  stall_timeout: float | None = None,
                  max_concurrent_trials: int | None = None, hostfile: str | Path | None = None, include: str = "",
                  exclude: str = "", multinode_launcher: str = "pdsh", master_addr: str | None = None,
@@ -69,16 +69,13 @@ class Autotuner:
                             hostfile=hostfile, include=include, exclude=exclude, launcher=multinode_launcher,
                             master_addr=master_addr)
         check_counts(num_gpus, num_nodes)  # before anything runs the script
-        source = ds_config if ds_config is not None else self.command.config_path()
-        if source is None and lightning is None and looks_like_lightning(self.command.script):
-            lightning = self._inspect(Path(results_dir or "autotuning_results") / "_inspect")
-        self.lightning = lightning
-        if lightning is not None:
-            num_gpus = self._lightning_processes(lightning, num_gpus)
-            source = lightning.tuning_config() if source is None else source
-        if source is None:
-            raise ConfigError("no ds_config given; add --deepspeed_config ds.json to the script's arguments")
-        self.user_config = load_ds_config(source)
+        from .launch import trial_env
+
+        self.target: Target = detect(self.command, ds_config, lightning,
+                                     inspect_dir=Path(results_dir or "autotuning_results") / "_inspect",
+                                     env=trial_env(1, self.node.device))
+        num_gpus = self.target.processes(num_gpus)
+        self.user_config = load_ds_config(require_config(self.target.config_source(ds_config)))
         self.cluster = Cluster.build(num_gpus=num_gpus, **cluster_args)
         self.num_gpus, self.num_nodes, self.world = self.cluster.num_gpus, self.cluster.num_nodes, self.cluster.world
         self.request: TuningRequest = parse_request(self.user_config, world_size=self.world)
@@ -102,22 +99,6 @@ class Autotuner:
         """The record of the latest tune(): its trials, notes and events."""
 
     # -- set-up --------------------------------------------------------------------------------
-    def _inspect(self, out_dir: Path) -> LightningJob:
-        from .launch import trial_env
-
-        return inspect_script(self.command.script, list(self.command.args), out_dir,
-                              trial_env(1, self.node.device))
-
-    @staticmethod
-    def _lightning_processes(job: LightningJob, num_gpus: int | None) -> int:
-        if job.num_nodes != 1:
-            raise ConfigError(f"the Trainer asks for num_nodes={job.num_nodes}; zerotune tunes on one node: tune "
-                              "with num_nodes=1, then train on more nodes with the config it writes")
-        if num_gpus is not None and num_gpus != job.world_size:
-            raise ConfigError(f"--num-gpus {num_gpus} does not match the Trainer's devices={job.world_size}; "
-                              f"pass --num-gpus {job.world_size} (or leave it out) or change the Trainer")
-        return job.world_size
-
     def _budget(self, memory_per_device: int | str | None) -> int:
         if memory_per_device is not None:
             return parse_size(memory_per_device, what="--memory-per-device", limit=2**50)
@@ -165,7 +146,7 @@ class Autotuner:
                                            num_params=num_params, dp=self.dp, mp=self.mp)
 
         info = self.request.autotuning.model_info
-        known = (info.num_params if info else None) or (self.lightning.num_params if self.lightning else None)
+        known = (info.num_params if info else None) or self.target.num_params
         return MemoryModel(dp=self.dp, mixed_precision=self.mixed_precision, setup_for=setup_for, num_params=known)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -173,11 +154,11 @@ class Autotuner:
         """What every trial of this tuning shares, for resume: a stored trial is reused only if
         its identity (plus its own ds_config) is the same."""
         at = self.request.autotuning
-        return Identity(code=self.command.code_identity(), args=self.command.identity_args(),
+        target = self.target.identity()
+        return Identity(code=target.pop("code"), args=[*target.pop("args"), *(f"{k}={v}" for k, v in target.items())],
                         topology=self.cluster.topology(),
                         measure={"precision": self.measure.precision, "max_seconds": self.measure.max_seconds,
-                                 "start_profile_step": at.start_profile_step, "end_profile_step": at.end_profile_step,
-                                 "lightning": self.lightning is not None},
+                                 "start_profile_step": at.start_profile_step, "end_profile_step": at.end_profile_step},
                         failure={"trial_timeout": self.measure.trial_timeout,
                                  "stall_timeout": self.measure.stall_timeout, "budget": self.budget})
 
@@ -249,18 +230,17 @@ class Autotuner:
 
     def final_config(self, spec: TrialSpec) -> dict[str, Any]:
         """The config to train with after choosing ``spec``, in the form the target accepts."""
-        cfg = self.config_for(spec)
-        return lightning_form(cfg) if self.lightning is not None else cfg
+        return self.target.final_config(self.config_for(spec))
 
     def make_job(self, record: TuningRecord, spec: TrialSpec, cfg: dict[str, Any]) -> TrialJob:
         """Write the trial's folder (its config, exp.json) and the job that runs it."""
         d = record.store.trial_dir(spec.name)
         write_json(d / "ds_config.json", cfg)
-        config_arg = None if self.lightning else str((d / "ds_config.json").resolve())
-        args = self.command.trial_args(config_arg, self.mapped_args(spec))
+        config = (d / "ds_config.json").resolve()
         at = self.request.autotuning
-        job = TrialJob(spec=spec, trial_dir=d, script=self.command.script, script_args=args,
-                       lightning=self.lightning is not None,
+        job = TrialJob(spec=spec, trial_dir=d, script=self.target.script,
+                       script_args=self.target.trial_args(config, self.mapped_args(spec)),
+                       probe_fields=self.target.probe_fields(config),
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),

@@ -38,9 +38,9 @@ class TrialJob:
     """The fingerprint of the trial's inputs, under which its result is stored."""
     config: dict[str, Any] = field(default_factory=dict)
     """The trial's ds_config: with the tuning's identity, what its result is stored under."""
-    lightning: bool = False
-    """A Lightning script: the trial's ds_config.json reaches its DeepSpeedStrategy through the
-    probe's Lightning hooks rather than through a --deepspeed_config argument."""
+    probe_fields: dict[str, Any] = field(default_factory=dict)
+    """What the target adds to probe.json to give the run its config (a Lightning program's
+    ``lightning_config``, read by the probe's Lightning hooks)."""
 
 
     def probe_spec(self, trial_dir: Path) -> dict[str, Any]:
@@ -50,9 +50,8 @@ class TrialJob:
                 "local_rank_arg": self.local_rank_arg, "out_dir": str(trial_dir), "budget": self.budget,
                 "warmup_steps": self.warmup_steps, "min_steps": self.min_steps, "max_steps": self.max_steps,
                 "max_seconds": self.measure.max_seconds, "rel_ci": self.measure.precision, "to_beat": self.to_beat,
-                "lightning_config": str(trial_dir / "ds_config.json") if self.lightning else None,
                 "expect": {"stage": self.spec.stage, "micro_batch": self.spec.micro_batch,
-                           "grad_accum": self.spec.grad_accum}}
+                           "grad_accum": self.spec.grad_accum}, **self.probe_fields}
 
 
 class Launcher(abc.ABC):

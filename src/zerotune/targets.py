@@ -1,0 +1,98 @@
+"""What is tuned: a DeepSpeed script (or a function run through zerotune's entry script) or a
+Lightning program. The core asks a :class:`Target` how a trial runs it, what config and command
+it trains with afterwards, and what of it identifies a trial for resume; it has no branch of
+its own for any kind.
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ConfigError
+from .command import UserCommand
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+
+class Target(abc.ABC):
+    command: UserCommand
+
+    @property
+    def script(self) -> str:
+        return self.command.script
+
+    def config_source(self, given: str | Path | dict[str, Any] | None) -> str | Path | dict[str, Any] | None:
+        """The ds_config to tune from: the one given, else the one the target brings or names."""
+        return given if given is not None else self.command.config_path()
+
+    def processes(self, num_gpus: int | None) -> int | None:
+        """Processes per node, checked against what the target itself asks for."""
+        return num_gpus
+
+    @property
+    def num_params(self) -> int | None:
+        """The model's parameter count when known before any trial."""
+        return None
+
+    @abc.abstractmethod
+    def trial_args(self, config: Path, mapped: dict[str, str]) -> list[str]:
+        """The script's arguments for a run with the ds_config at ``config`` (``mapped``: the
+        arg_mappings options with their values)."""
+
+    def probe_fields(self, config: Path) -> dict[str, Any]:
+        """What the probe in each rank needs beyond the arguments to give the run its config."""
+        return {}
+
+    def final_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """A trial's config in the form the program accepts for training."""
+        return config
+
+    @abc.abstractmethod
+    def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str],
+                      cluster: "Cluster") -> str:
+        """The shell text (every word quoted) that trains with ``config``, written at ``optimal``,
+        on the tuned topology."""
+
+    def after_tuning(self, result) -> None:
+        """Record the result where the program looks for it (Lightning's cache)."""
+
+    def identity(self) -> dict[str, Any]:
+        """What of the target a trial's measurement depends on (besides its ds_config)."""
+        return {"code": self.command.code_identity(), "args": self.command.identity_args(), "kind": type(self).__name__}
+
+
+@dataclass
+class ScriptTarget(Target):
+    """A DeepSpeed script that reads ``--deepspeed_config`` (or ``--deepspeed``)."""
+
+    command: UserCommand
+
+    def trial_args(self, config: Path, mapped: dict[str, str]) -> list[str]:
+        return self.command.trial_args(str(config.resolve()), mapped)
+
+    def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str],
+                      cluster: "Cluster") -> str:
+        return cluster.command_line(self.script, self.trial_args(optimal, mapped)) + "\n"
+
+
+def detect(command: UserCommand, ds_config: Any, lightning: Any, *, inspect_dir: Path,
+           env: dict[str, str]) -> Target:
+    """The target of ``command``: the Lightning program described by ``lightning``, a Lightning
+    script found by running it up to ``trainer.fit`` (when no ds_config is given), else a script."""
+    from .lightning_job import LightningTarget, inspect_script, looks_like_lightning
+
+    if lightning is None and ds_config is None and command.config_path() is None \
+            and looks_like_lightning(command.script):
+        lightning = inspect_script(command.script, list(command.args), inspect_dir, env)
+    if lightning is not None:
+        return LightningTarget(command=command, job=lightning)
+    return ScriptTarget(command=command)
+
+
+def require_config(source: Any) -> Any:
+    if source is None:
+        raise ConfigError("no ds_config given; add --deepspeed_config ds.json to the script's arguments")
+    return source
