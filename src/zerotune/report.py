@@ -1,7 +1,6 @@
-"""Outputs of a tuning: summary.txt, ds_config_optimal.json, cmd_optimal.txt; and the real run."""
+"""Outputs of a tuning: summary.txt, results.json, ds_config_optimal.json, cmd_optimal.txt."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,17 +66,3 @@ def write_outputs(tuner: "Autotuner") -> None:
     write_atomic(root / "cmd_optimal.txt", tuner.target.final_command(
         optimal, result.best_config, tuner.mapped_args(result.best.spec), tuner.cluster))
     tuner.target.after_tuning(result)
-
-
-def run_training(tuner: "Autotuner", config_path: Path, extra_env: dict[str, str] | None = None) -> int:
-    """The user's real training with ``config_path``, started by the trials' launcher on the
-    topology the tuning measured (every node of a hostfile), its output streamed here. Returns
-    the exit status."""
-    target = tuner.target
-    spec_path = tuner.results_dir / "run_probe.json"
-    write_json(spec_path, {"mode": "run", "script": target.script,
-                           "args": target.trial_args(config_path, tuner.mapped_args(tuner.result.best.spec)),
-                           "local_rank_arg": target.command.takes_local_rank(), **target.probe_fields(config_path)})
-    code = tuner.launcher.run_program(spec_path, tuner.num_gpus, extra_env or {})
-    sys.stdout.flush()
-    return code

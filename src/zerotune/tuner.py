@@ -44,6 +44,8 @@ class Autotuner:
     ``devices // num_gpus`` at a time on disjoint GPUs (one at a time on CPU), at most
     ``max_concurrent_trials``. ``retry_failed`` runs again the stored trials that failed (else
     they are retried only when the timeouts or memory budget that failed them changed).
+    ``lightning`` (a :class:`~zerotune.lightning_job.LightningJob`) makes the target a Lightning
+    program; a script without a ds_config that imports Lightning is found to be one by itself.
     ``on_event`` receives a :class:`TuningEvent` for each step of progress; the core never prints.
     """
 
@@ -271,9 +273,18 @@ class Autotuner:
         return write_optimal_config(self.result.best_config, Path(path))
 
     def run_after_tuning(self, extra_env: dict[str, str] | None = None) -> int:
-        """Train with the best config, output streamed to this terminal; returns the exit status."""
-        from .report import run_training
+        """Train with the best config, started by the trials' launcher on the topology the tuning
+        measured (every node of a hostfile), output streamed to this terminal; returns the exit
+        status."""
+        import sys
 
         result = self.result or self.tune()
-        assert result.best_config is not None
-        return run_training(self, self.results_dir / "ds_config_optimal.json", extra_env)
+        assert result.best is not None and result.best_config is not None
+        config = self.results_dir / "ds_config_optimal.json"
+        spec_path = self.results_dir / "run_probe.json"
+        write_json(spec_path, {"mode": "run", "script": self.target.script,
+                               "args": self.target.trial_args(config, self.mapped_args(result.best.spec)),
+                               "local_rank_arg": self.command.takes_local_rank(), **self.target.probe_fields(config)})
+        code = self.launcher.run_program(spec_path, self.num_gpus, extra_env or {})
+        sys.stdout.flush()
+        return code
