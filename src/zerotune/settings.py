@@ -27,7 +27,8 @@ class MeasureSettings:
             raise ConfigError(f"precision (--precision) {self.precision!r} must be a fraction between 0 and 1, "
                               "e.g. 0.03")
         for name in ("max_seconds", "trial_timeout", "stall_timeout"):
-            object.__setattr__(self, name, positive_seconds(getattr(self, name), f"{name} (--{name.replace('_', '-')})"))
+            option = "--" + name.replace("_", "-")
+            object.__setattr__(self, name, positive_seconds(getattr(self, name), f"{name} ({option})"))
 
     @classmethod
     def of(cls, **given: float | None) -> "MeasureSettings":

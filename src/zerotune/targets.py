@@ -59,9 +59,10 @@ class Target(abc.ABC):
     def after_tuning(self, result) -> None:
         """Record the result where the program looks for it (Lightning's cache)."""
 
-    def identity(self) -> dict[str, Any]:
-        """What of the target a trial's measurement depends on (besides its ds_config)."""
-        return {"code": self.command.code_identity(), "args": self.command.identity_args(), "kind": type(self).__name__}
+    def identity(self) -> tuple[str, list[str]]:
+        """What of the target a trial's measurement depends on besides its ds_config: a hash of
+        its code, and its kind with its arguments."""
+        return self.command.code_identity(), [type(self).__name__, *self.command.identity_args()]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .cluster import Cluster, check_counts
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
-from .launch import Launcher, TrialJob, reap
+from .launch import Launcher, TrialJob, reap, trial_env
 from .loop import PhaseRun
 from .memory import MemoryModel
 from .memory_terms import MemorySetup
@@ -20,11 +20,11 @@ from .ranking import choose_best
 from .record import Identity, TuningEvent, TuningRecord
 from .result import TuningResult
 from .search import MicroBatchSearch, Searcher
+from .settings import MeasureSettings
 from .space import invalid_reason, trial_config
 from .store import write_json
-from .trial import TrialSpec
-from .settings import MeasureSettings
 from .targets import Target, detect, require_config
+from .trial import TrialSpec
 from .units import parse_duration, parse_size
 
 __all__ = ["Autotuner", "TuningEvent"]
@@ -71,8 +71,6 @@ class Autotuner:
                             hostfile=hostfile, include=include, exclude=exclude, launcher=multinode_launcher,
                             master_addr=master_addr)
         check_counts(num_gpus, num_nodes)  # before anything runs the script
-        from .launch import trial_env
-
         self.target: Target = detect(self.command, ds_config, lightning,
                                      inspect_dir=Path(results_dir or "autotuning_results") / "_inspect",
                                      env=trial_env(1, self.node.device))
@@ -90,8 +88,7 @@ class Autotuner:
         self.launcher = launcher or self.cluster.make_launcher()
         self.slots = self.cluster.slots(max_concurrent_trials)
         self.on_event = on_event or (lambda e: None)
-        self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16")
-                                   if isinstance(self.user_config.get(k), dict))
+        self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16"))
         self.offload = offload
         self.retry_failed = retry_failed
         self.custom_searcher = searcher
@@ -156,9 +153,8 @@ class Autotuner:
         """What every trial of this tuning shares, for resume: a stored trial is reused only if
         its identity (plus its own ds_config) is the same."""
         at = self.request.autotuning
-        target = self.target.identity()
-        return Identity(code=target.pop("code"), args=[*target.pop("args"), *(f"{k}={v}" for k, v in target.items())],
-                        topology=self.cluster.topology(),
+        code, args = self.target.identity()
+        return Identity(code=code, args=args, topology=self.cluster.topology(),
                         measure={"precision": self.measure.precision, "max_seconds": self.measure.max_seconds,
                                  "start_profile_step": at.start_profile_step, "end_profile_step": at.end_profile_step},
                         failure={"trial_timeout": self.measure.trial_timeout,
@@ -228,7 +224,8 @@ class Autotuner:
 
     def config_for(self, spec: TrialSpec) -> dict[str, Any]:
         """The ds_config a trial of ``spec`` runs with."""
-        return trial_config(self.request.base(spec.stage), spec, self.dp, script_sets_batch=bool(self.mapped_args(spec)))
+        return trial_config(self.request.base(spec.stage), spec, self.dp,
+                            script_sets_batch=bool(self.mapped_args(spec)))
 
     def final_config(self, spec: TrialSpec) -> dict[str, Any]:
         """The config to train with after choosing ``spec``, in the form the target accepts."""

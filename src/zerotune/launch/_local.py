@@ -44,7 +44,8 @@ class LocalLauncher(SupervisingLauncher):
         argv = launcher_argv(job.num_gpus, port, gpus)
         ranks_see = [job.script] + (["--local_rank=<rank>"] if job.local_rank_arg else []) + job.script_args
         write_atomic(
-            d / "cmd.txt", "# started as (the user's arguments are read from probe.json, never parsed by the launcher):\n"
+            d / "cmd.txt",
+            "# started as (the user's arguments are read from probe.json, never parsed by the launcher):\n"
             + " ".join(shlex.quote(w) for w in [f"ZEROTUNE_PROBE={d / 'probe.json'}", *argv]) + "\n"
             + "# each rank runs:\n" + " ".join(shlex.quote(w) for w in ranks_see) + "\n")
         return [ProcessGroup(argv, env=env, log=d / "launcher.log",
