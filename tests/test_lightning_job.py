@@ -6,6 +6,7 @@ import pytest
 from fakes import FakeLauncher, FakeMachine
 
 from zerotune import Autotuner, ConfigError
+from zerotune.trial import TrialSpec
 from zerotune.lightning_job import (LightningJob, is_tuned_config, lightning_form, looks_like_lightning, read_cache,
                                     trainer_settings)
 
@@ -102,3 +103,10 @@ def test_process_count_must_match_the_trainer(lightning_tuner):
         lightning_tuner(num_gpus=4)
     with pytest.raises(ConfigError, match="one node"):
         lightning_tuner(job={"num_nodes": 2, "world_size": 4})
+
+
+def test_the_programs_untuned_config_is_the_payback_baseline(lightning_tuner):
+    tuner = lightning_tuner()
+    assert tuner.own_spec == TrialSpec(stage=2, micro_batch=8, grad_accum=2)  # Lightning's stage, its batch
+    result = tuner.tune()
+    assert tuner.own_spec.name in result.cost.payback_note

@@ -143,6 +143,17 @@ class LightningTarget(Target):
                 f"batch_size={mb} and Trainer(accumulate_grad_batches={gas}) in the script, or use "
                 "strategy=\"deepspeed_autotune\" (zerotune.lightning), which sets both from the config.\n" + line)
 
+    def own_spec(self, request, dp: int):
+        """What the program trains with untuned: its strategy's stage (Lightning's default 2),
+        its batch_size and accumulate_grad_batches."""
+        from .trial import TrialSpec
+
+        stage = (self.job.base_config.get("zero_optimization") or {}).get("stage", 2)
+        mb, gas = self.job.batch_size, self.job.accumulate_grad_batches
+        if not isinstance(stage, int) or isinstance(stage, bool) or not mb:
+            return None
+        return TrialSpec(stage=stage, micro_batch=mb, grad_accum=gas)
+
     def after_tuning(self, result) -> None:
         write_cache(self.job, result)
 

@@ -29,6 +29,8 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
                       f"peak {format_size(b.max_peak)}/rank")
     for note in result.notes:
         console.print(f"[dim]note:[/] {safe(note)}")  # notes quote trial reasons: never markup
+    for line in result.cost.lines() if result.cost is not None else []:
+        console.print(f"[dim]{safe(line)}[/]")
     where = str(result.results_dir)
     console.print(f"results: {safe(where)}/ (summary.txt, ds_config_optimal.json, cmd_optimal.txt); "
                   f"figures: zerotune report {safe(shlex.quote(where))}")

@@ -34,6 +34,8 @@ def summary_text(result: TuningResult) -> str:
     else:
         lines.append("best: none (no trial succeeded)")
     lines.append(f"trials: {len(result.trials)} ({result.launched} run now), tuning time {result.wall_time:.0f} s")
+    if result.cost is not None:
+        lines += result.cost.lines()
     lines += [f"note: {n}" for n in result.notes]
     lines.append("")
     lines.append("trial".ljust(24) + "state".ljust(9) + "metric".ljust(30) + "steps".ljust(16) + "peak/rank".ljust(12)

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ZerotuneError
+from .cost import TuningCost, tuning_cost
 from .ranking import MAXIMIZE, better, choose_best, fmt_metric, within_noise
 from .record import read_session
 from .store import SESSION, DamagedTrial, ResultStore
-from .trial import TrialResult, TrialState
+from .trial import TrialResult, TrialSpec, TrialState
 
 
 @dataclass(kw_only=True)
@@ -24,6 +25,8 @@ class TuningResult:
     wall_time: float = 0.0
     launched: int = 0
     """Trials actually run in this invocation (not reused from disk, not pruned)."""
+    cost: TuningCost | None = None
+    """Where the tuning's time went, and when the choice pays it back."""
 
     @property
     def best_metric(self) -> tuple[float, float] | None:
@@ -100,8 +103,13 @@ def load_results(results_dir: str | Path) -> TuningResult:
     notes = [n for n in session.get("notes", []) if isinstance(n, str)] if isinstance(session.get("notes"), list) \
         else []
     wall = session.get("wall_time")
-    return TuningResult(metric=metric, trials=trials, best=choice.best if choice else None,
-                        best_config=best_config, results_dir=root,
+    wall = float(wall) if isinstance(wall, (int, float)) and not isinstance(wall, bool) and wall >= 0 else 0.0
+    try:
+        own = TrialSpec.from_dict(session["own"]) if session.get("own") is not None else None
+    except ValueError:
+        own = None
+    best = choice.best if choice else None
+    return TuningResult(metric=metric, trials=trials, best=best, best_config=best_config, results_dir=root,
                         notes=notes + damaged + ([choice.note] if choice and choice.note and choice.note not in notes
                                                  else []),
-                        wall_time=float(wall) if isinstance(wall, (int, float)) and not isinstance(wall, bool) else 0.0)
+                        wall_time=wall, cost=tuning_cost(trials, best, own, wall))

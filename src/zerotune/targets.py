@@ -15,6 +15,7 @@ from .command import UserCommand
 
 if TYPE_CHECKING:
     from .cluster import Cluster
+    from .trial import TrialSpec
 
 
 class Target(abc.ABC):
@@ -55,6 +56,18 @@ class Target(abc.ABC):
                       cluster: "Cluster") -> str:
         """The shell text (every word quoted) that trains with ``config``, written at ``optimal``,
         on the tuned topology."""
+
+    def own_spec(self, request, dp: int) -> "TrialSpec | None":
+        """The trial that runs the user's own configuration as it stands (one stage, one
+        micro-batch), against which the choice is compared; None where the search chooses them."""
+        from .trial import TrialSpec
+
+        if len(request.stages) != 1 or not request.micro_batches or len(request.micro_batches) != 1:
+            return None
+        mb = request.micro_batches[0]
+        given = request.space_config.get("gradient_accumulation_steps")
+        gas = request.global_batch // (mb * dp) if request.global_batch else (given if isinstance(given, int) else 1)
+        return TrialSpec(stage=request.stages[0], micro_batch=mb, grad_accum=gas) if gas >= 1 else None
 
     def after_tuning(self, result) -> None:
         """Record the result where the program looks for it (Lightning's cache)."""

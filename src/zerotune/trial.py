@@ -133,6 +133,8 @@ class Measurement:
     flops_note: str = ""
     early_stop: bool = False
     """Measuring stopped once the trial clearly could not beat the best so far."""
+    timed_seconds: float = 0.0
+    """Seconds of the timed steps: the measurement itself, of the trial's wall time."""
 
     @property
     def throughput(self) -> float:
@@ -217,13 +219,16 @@ class TrialResult:
                 raise ValueError("measurement is not an object")
             m = {k: v for k, v in m.items() if k in Measurement.__dataclass_fields__}
             if not (_number(m.get("step_time_mean"), positive=True) and _count(m.get("samples_per_step"))
-                    and _number(m.get("step_time_ci95")) and _number(m.get("step_time_std"))):
+                    and _number(m.get("step_time_ci95")) and _number(m.get("step_time_std"))
+                    and _number(m.get("timed_seconds", 0.0))):
                 raise ValueError("measurement has no positive step time and sample count")
         for key in ("peak_memory", "peak_allocated", "static_memory"):
             if not isinstance(d.get(key, []), list) or not all(_number(v) for v in d.get(key, [])):
                 raise ValueError(f"{key} is not a list of byte counts")
         if not isinstance(d.get("reason", ""), str):
             raise ValueError("reason is not text")
+        if not _number(d.get("wall_time", 0.0)):
+            raise ValueError("wall_time is not a number of seconds")
         return cls(spec=TrialSpec.from_dict(d.get("spec")), state=TrialState(d.get("state")),
                    reason=d.get("reason", ""),
                    measurement=Measurement(**m) if m else None, peak_memory=d.get("peak_memory", []),

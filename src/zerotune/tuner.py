@@ -12,6 +12,7 @@ from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .cluster import Cluster, check_counts
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
+from .cost import tuning_cost
 from .launch import Launcher, TrialJob, reap, trial_env
 from .loop import PhaseRun
 from .memory import MemoryModel
@@ -96,6 +97,8 @@ class Autotuner:
         self.result: TuningResult | None = None
         self.record: TuningRecord | None = None
         """The record of the latest tune(): its trials, notes and events."""
+        self.own_spec = self.target.own_spec(self.request, self.dp)
+        """The trial of the user's own configuration, the baseline of the payback figure (or None)."""
 
     # -- set-up --------------------------------------------------------------------------------
     def _budget(self, memory_per_device: int | str | None) -> int:
@@ -195,9 +198,11 @@ class Autotuner:
         choice = choose_best(trials, at.metric)
         notes = record.notes + ([choice.note] if choice and choice.note else [])
         best_config = self.final_config(choice.best.spec) if choice else None
-        self.result = TuningResult(metric=at.metric, trials=list(trials), best=choice.best if choice else None,
+        best = choice.best if choice else None
+        self.result = TuningResult(metric=at.metric, trials=list(trials), best=best,
                                    best_config=best_config, results_dir=self.results_dir, notes=notes,
-                                   wall_time=wall, launched=record.launched)
+                                   wall_time=wall, launched=record.launched,
+                                   cost=tuning_cost(trials, best, self.own_spec, wall))
         record.write_session("finished", wall=wall, notes=notes, best=choice.best.name if choice else None,
                              best_config=best_config)
         from .report import write_outputs
@@ -258,9 +263,11 @@ class Autotuner:
                 if key in values}
 
     def _session_info(self) -> dict[str, Any]:
+        own = self.own_spec
         return {"metric": self.request.autotuning.metric, "script": self.command.script,
                 "args": list(self.command.args), "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
-                "device": self.node.device, "budget": self.budget, "user_config": self.user_config}
+                "device": self.node.device, "budget": self.budget, "user_config": self.user_config,
+                "own": own.to_dict() if own is not None else None}
 
     # -- after tuning --------------------------------------------------------------------------
     def write_optimal_config(self, path: str | Path) -> Path:

@@ -157,7 +157,8 @@ def collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | N
         step_time_ci95=ci if ci != float("inf") else mean, steps_measured=len(intervals),
         stable=is_stable(intervals, min_steps=min_steps, rel_ci=rel_ci),
         tokens_per_sample=rank0.get("tokens_per_sample"), flops_per_step=rank0.get("flops_per_step"),
-        flops_note=rank0.get("flops_note") or "", early_stop=bool(rank0.get("early_stop")))
+        flops_note=rank0.get("flops_note") or "", early_stop=bool(rank0.get("early_stop")),
+        timed_seconds=float(sum(intervals)))
     if budget and result.max_peak and result.max_peak > budget:
         result.state = TrialState.OOM
         result.reason = f"peak memory {format_size(result.max_peak)} above the budget of {format_size(budget)}"

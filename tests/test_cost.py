@@ -1,0 +1,49 @@
+"""What a tuning cost, where the time went, and when the choice pays it back."""
+import io
+import json
+
+from fakes import FakeMachine
+from zerotune import load_results
+from zerotune.cost import tuning_cost
+from zerotune.progress import JsonEvents
+from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+
+
+def trial(stage, mb, step, wall, timed, samples=64):
+    m = Measurement(samples_per_step=samples, step_time_mean=step, step_time_std=0.0, step_time_ci95=0.0,
+                    steps_measured=10, stable=True, timed_seconds=timed)
+    return TrialResult(spec=TrialSpec(stage=stage, micro_batch=mb, grad_accum=64 // (mb * 2)), state=TrialState.OK,
+                       measurement=m, wall_time=wall)
+
+
+def test_time_splits_into_measuring_and_overhead():
+    trials = [trial(0, 8, 1.0, 30.0, 8.0), trial(1, 8, 0.5, 25.0, 5.0),
+              TrialResult(spec=TrialSpec(stage=2, micro_batch=8), state=TrialState.PRUNED)]
+    cost = tuning_cost(trials, trials[1], None, 60.0)
+    assert (cost.trial_time, cost.measuring, cost.overhead, cost.trials) == (55.0, 13.0, 42.0, 2)
+    assert "42 s launch, start-up, warm-up and teardown (76%)" in cost.lines()[0]
+    assert cost.payback_steps is None and "no config of yours" in cost.payback_note
+
+
+def test_payback_against_the_users_own_config():
+    own, best = trial(0, 8, 1.0, 30.0, 8.0), trial(1, 8, 0.5, 30.0, 5.0)
+    cost = tuning_cost([own, best], best, own.spec, 60.0)
+    # 0.5 s saved per step of 64 samples: 60 s of tuning are back after 120 steps.
+    assert cost.payback_steps == 121 and "2.00x its throughput" in cost.payback_note
+    assert tuning_cost([own, best], own, own.spec, 60.0).payback_note.startswith("your own config")
+
+
+def test_the_summary_and_json_say_what_the_tuning_cost(tuner_factory, tmp_path):
+    machine = FakeMachine(knob_speed={("zero_optimization.overlap_comm", True): 1.5})
+    tuner = tuner_factory(memory="16GiB", machine=machine, autotuning={"fast": False},
+                          config={"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8})
+    assert tuner.own_spec == TrialSpec(stage=2, micro_batch=8, grad_accum=4)
+    result = tuner.tune()
+    assert dict(result.best.spec.overrides).get("zero_optimization.overlap_comm") is True
+    assert result.cost.payback_steps is not None and result.cost.trials == tuner.record.launched
+    summary = (tmp_path / "results" / "summary.txt").read_text()
+    assert "cost: tuning" in summary and f"payback: after {result.cost.payback_steps} training steps" in summary
+    events = JsonEvents(io.StringIO())
+    events.result(result)
+    assert json.loads(events.stream.getvalue())["cost"]["payback_steps"] == result.cost.payback_steps
+    assert load_results(tmp_path / "results").cost.payback_steps == result.cost.payback_steps
