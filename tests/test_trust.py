@@ -191,6 +191,16 @@ def test_a_tuning_without_result_removes_the_old_outputs(tuner_factory, tmp_path
     assert load_results(root).best is None
 
 
+def test_an_interrupted_tuning_leaves_no_earlier_choice_beside_its_record(tuner_factory, tmp_path):
+    tuner_factory(memory="6GiB").tune()
+    root = tmp_path / "results"
+    with pytest.raises(KeyboardInterrupt):
+        tuner_factory(memory="6GiB", launcher=FakeLauncher(interrupt_at=0),
+                      config={"zero_optimization": {"stage": [2, 3]}}).tune()
+    assert not (root / "ds_config_optimal.json").exists() and not (root / "summary.txt").exists()
+    assert json.loads((root / "tuning.json").read_text())["state"] == "interrupted"
+
+
 # 4. A second tune() on the same object resumes from a fresh state.
 def test_second_tune_on_the_same_object_resumes(tuner_factory, tmp_path):
     tuner = tuner_factory(memory="6GiB")

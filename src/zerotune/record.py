@@ -159,15 +159,16 @@ class TuningRecord:
                                          "best": best, "best_config": best_config})
 
     def clear_outputs(self) -> None:
-        """Remove an earlier tuning's outputs when this one has no result, so that no stale
-        ds_config_optimal.json or cmd_optimal.txt stands beside a summary saying 'best: none'."""
+        """Remove an earlier tuning's outputs as this one starts (they are written again when it
+        ends), so that no stale ds_config_optimal.json or cmd_optimal.txt stands beside the record
+        of an interrupted tuning, or beside a summary saying 'best: none'."""
         for name in OUTPUTS:
             path = self.root / name
             if path.is_symlink() or path.is_file():
                 path.unlink()
 
 
-OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt")
+OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt", "summary.txt", "results.json")
 
 
 def read_session(root: Path) -> dict[str, Any]:

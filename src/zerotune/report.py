@@ -62,8 +62,7 @@ def write_outputs(tuner: "Autotuner") -> None:
     write_json(root / "results.json", {"metric": result.metric, "best": result.best.name if result.best else None,
                                        "trials": [t.to_dict() for t in result.trials], "notes": result.notes})
     if result.best_config is None:
-        tuner.record.clear_outputs()  # an earlier tuning's choice must not stand beside "best: none"
-        return
+        return  # the tuning's start removed an earlier choice: none stands beside "best: none"
     optimal = write_optimal_config(result.best_config, root / "ds_config_optimal.json")
     write_atomic(root / "cmd_optimal.txt", tuner.target.final_command(
         optimal, result.best_config, tuner.mapped_args(result.best.spec), tuner.cluster))

@@ -180,6 +180,7 @@ class Autotuner:
                         f"{self.results_dir}")
         if line := record.resume_line(self.config_for):
             record.note(line)
+        record.clear_outputs()
         record.write_session("running")
         run = PhaseRun(self, record, start)
         try:
