@@ -153,3 +153,56 @@ def test_no_early_stop_for_a_contender(probe_factory, tmp_path):
         drive(probe, FakeEngine(), 100)
     out = json.loads((tmp_path / "rank0.json").read_text())
     assert not out["early_stop"] and len(out["intervals"]) == 10
+
+
+def drive_micro(probe, engine, durations):
+    """Micro-steps of the given durations (the fake clock advances by each); every
+    ``engine.gas``-th one is a boundary."""
+    import torch
+
+    for i, _ in enumerate(durations):
+        probe.before_forward(engine, (torch.zeros(4, 16, dtype=torch.long),), {})
+        if (i + 1) % engine.gas:
+            probe.after_micro(engine)
+        else:
+            probe.after_step(engine)
+
+
+def clock(durations, start=0.0):
+    out, t = [start], start
+    for d in durations:
+        t += d
+        out.append(t)
+    return out
+
+
+def test_with_accumulation_the_step_is_estimated_from_its_micro_steps(probe_factory, tmp_path):
+    # Accumulation 8: plain micro-steps take 1.0 s (+-1%), the boundary one 3.0 s.
+    plain, boundary, g = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98, 1.0], 3.0, 8
+    durations = (plain + [boundary]) * 2 + (plain + [boundary * 1.01]) + (plain + [boundary * 0.99]) * 20
+    probe = probe_factory(clock(durations), expect={"stage": 2, "micro_batch": 4, "grad_accum": g})
+    with pytest.raises(Exited):
+        drive_micro(probe, FakeEngine(gas=g), durations)
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert out["state"] == "ok", out["reason"]
+    mean, _, ci = out["estimate"]
+    assert abs(mean - (7 * 1.0 + 3.0)) < 0.05 and ci <= 0.03 * mean
+    # Two whole steps after the two warm-up ones were enough; whole-step timing needs three or more.
+    assert len(out["intervals"]) == 2 and out["micro_steps"] == {"plain": 14, "boundary": 2}
+
+
+def test_the_micro_step_estimate_covers_the_whole_step_mean():
+    """Against many whole steps: over seeded simulations, the 95% interval estimated from three
+    whole steps' micro-steps holds the long-run mean of whole steps about 95% of the time."""
+    import random
+
+    from zerotune.probe._stats import step_estimate
+
+    rng, g, hits, runs = random.Random(7), 8, 0, 400
+    for _ in range(runs):
+        plain = [rng.gauss(1.0, 0.05) for _ in range(3 * (g - 1))]
+        boundary = [rng.gauss(3.0, 0.15) for _ in range(3)]
+        mean, _, ci = step_estimate(plain, boundary, g)
+        whole = [sum(rng.gauss(1.0, 0.05) for _ in range(g - 1)) + rng.gauss(3.0, 0.15) for _ in range(300)]
+        hits += abs(mean - sum(whole) / len(whole)) <= ci
+    assert 0.90 <= hits / runs <= 0.995, hits / runs

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..store import write_json
 from ._memory import MemoryReader
-from ._stats import is_stable, summarize
+from ._stats import estimate_is_stable, is_stable, step_estimate, summarize
 
 
 def _first_tensor(args, kwargs, torch):
@@ -37,6 +37,9 @@ class StepProbe:
         self.rank = rank
         self.out = Path(spec["out_dir"])
         self.times: list[float] = []
+        """When each optimizer step (gradient-accumulation boundary) ended."""
+        self.micro_ends: list[tuple[float, bool]] = []
+        """When each micro-step (forward, backward, engine.step) ended, and whether it was a boundary."""
         self.static_memory: int | None = None
         self.tokens_per_sample: int | None = None
         self.observed_batch: int | None = None
@@ -77,11 +80,22 @@ class StepProbe:
         return (self.spec.get("profile_flops", True) and self.flops_note == "not profiled"
                 and len(self.times) == min(1, self.spec["warmup_steps"] - 1))
 
-    def after_step(self, engine) -> None:
-        """Called after every optimizer step (gradient-accumulation boundary)."""
+    def after_micro(self, engine) -> None:
+        """Called after every micro-step that is not a gradient-accumulation boundary."""
+        self._sync()
+        self.micro_ends.append((time.perf_counter(), False))
+        self.beat()
+
+    def _sync(self) -> None:
         if self.memory is not None and self.memory.kind == "cuda":
             self.torch.cuda.synchronize()  # time finished work, not queued kernels
-        self.times.append(time.perf_counter())
+
+    def after_step(self, engine) -> None:
+        """Called after every optimizer step (gradient-accumulation boundary)."""
+        self._sync()
+        now = time.perf_counter()
+        self.times.append(now)
+        self.micro_ends.append((now, True))
         self.beat()
         if len(self.times) == 1:
             self._check_config(engine)
@@ -106,9 +120,37 @@ class StepProbe:
         t = self.times
         return [t[i] - t[i - 1] for i in range(max(1, warmup), len(t))]
 
+    def parts(self) -> tuple[list[float], list[float]]:
+        """Durations of the plain and the boundary micro-steps after warm-up."""
+        warmup, seen, plain, boundary, prev = max(1, self.spec["warmup_steps"]), 0, [], [], None
+        for t, is_boundary in self.micro_ends:
+            if seen >= warmup:
+                (boundary if is_boundary else plain).append(t - prev)
+            seen += is_boundary
+            prev = t
+        return plain, boundary
+
+    def accumulation(self) -> int:
+        return int(self.engine.gradient_accumulation_steps()) if self.engine is not None else 1
+
+    def estimate(self) -> tuple[float, float, float]:
+        """Mean, standard deviation and 95% half-width of the optimizer step's time: from whole
+        steps without accumulation, from its micro-steps with it (see step_estimate)."""
+        if self.accumulation() <= 1:
+            return summarize(self.intervals())
+        plain, boundary = self.parts()
+        return step_estimate(plain, boundary, self.accumulation())
+
+    def _stable(self, iv: list[float]) -> bool:
+        if self.accumulation() <= 1:
+            return is_stable(iv, min_steps=self.spec["min_steps"], rel_ci=self.spec["rel_ci"])
+        # Two whole steps give two boundary samples; the plain micro-steps give the rest.
+        return estimate_is_stable(self.estimate(), whole_steps=len(iv), min_steps=min(2, self.spec["min_steps"]),
+                                  rel_ci=self.spec["rel_ci"])
+
     def _measured_enough(self) -> bool:
         iv = self.intervals()
-        if is_stable(iv, min_steps=self.spec["min_steps"], rel_ci=self.spec["rel_ci"]):
+        if self._stable(iv):
             return True
         if self._cannot_win(iv):
             self.early_stop = True
@@ -122,7 +164,7 @@ class StepProbe:
         target = self.spec.get("to_beat")
         if not target or len(iv) < max(2, self.spec["min_steps"]) or self.engine is None:
             return False
-        mean, _, ci = summarize(iv)
+        mean, _, ci = self.estimate()
         if target["metric"] == "throughput":
             fastest = mean - ci
             return fastest > 0 and self.engine.train_batch_size() / fastest < target["value"]
@@ -165,6 +207,9 @@ class StepProbe:
         return {
             "rank": self.rank, "state": state, "reason": reason, "early_stop": self.early_stop,
             "times": self.times, "intervals": self.intervals(), "warmup_steps": self.spec["warmup_steps"],
+            # With accumulation, the step time estimated from its micro-steps; else None (whole steps).
+            "estimate": list(self.estimate()) if self.intervals() and self.accumulation() > 1 else None,
+            "micro_steps": dict(zip(("plain", "boundary"), map(len, self.parts()))),
             "samples_per_step": samples_per_step, "tokens_per_sample": self.tokens_per_sample,
             "observed_batch": self.observed_batch, "note": self.batch_note,
             "fwd_flops": self.fwd_flops, "flops_per_step": None if self.fwd_flops is None or engine is None
@@ -214,6 +259,8 @@ def install(probe: StepProbe) -> None:
         out = orig_step(self, *args, **kwargs)
         if boundary:
             probe.after_step(self)
+        else:
+            probe.after_micro(self)
         return out
 
     DeepSpeedEngine.forward = forward

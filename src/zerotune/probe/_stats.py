@@ -32,3 +32,39 @@ def is_stable(intervals: list[float], *, min_steps: int, rel_ci: float) -> bool:
         return False
     mean, _, ci = summarize(intervals)
     return ci <= rel_ci * mean
+
+
+def welch_df(parts: list[tuple[float, int]]) -> float:
+    """Welch-Satterthwaite degrees of freedom of a sum of independent means, each given as
+    (its variance, its sample count)."""
+    num = sum(v for v, _ in parts) ** 2
+    den = sum(v * v / (n - 1) for v, n in parts if n > 1 and v > 0)
+    return num / den if den > 0 else math.inf
+
+
+def step_estimate(micro: list[float], boundary: list[float], accumulation: int) -> tuple[float, float, float]:
+    """Mean, standard deviation and 95% half-width of one optimizer step's time, estimated from
+    its parts: ``accumulation - 1`` plain micro-steps (forward, backward) and one boundary
+    micro-step (forward, backward, gradient reduction, optimizer step), timed separately. At
+    accumulation 32 one whole step then yields 31 samples of the plain part, so a few whole
+    steps give a tight interval where whole-step timing needs many. The parts are taken as
+    independent; the interval uses Welch-Satterthwaite degrees of freedom."""
+    g = accumulation
+    mb, sb, _ = summarize(boundary)
+    if g <= 1 or not micro:
+        return summarize(boundary)
+    mm, sm, _ = summarize(micro)
+    if len(boundary) < 2 or len(micro) < 2:
+        return (g - 1) * mm + mb, math.nan, math.inf
+    parts = [((g - 1) ** 2 * sm * sm / len(micro), len(micro)), (sb * sb / len(boundary), len(boundary))]
+    se = math.sqrt(sum(v for v, _ in parts))
+    df = welch_df(parts)
+    t = t95(int(min(df, 1e6)) + 1) if math.isfinite(df) else 1.96
+    return (g - 1) * mm + mb, math.sqrt((g - 1) * sm * sm + sb * sb), t * se
+
+
+def estimate_is_stable(estimate: tuple[float, float, float], *, whole_steps: int, min_steps: int,
+                       rel_ci: float) -> bool:
+    """True once enough was measured and the 95% interval is within ``rel_ci`` of the mean."""
+    mean, _, ci = estimate
+    return whole_steps >= min_steps and math.isfinite(ci) and ci <= rel_ci * mean
