@@ -26,7 +26,7 @@ def run_fault(tmp_path, fault):
     job = TrialJob(spec=TrialSpec(stage=0, micro_batch=4), trial_dir=d, script=str(FAULTY),
                    script_args=["--faults", json.dumps({"0": fault}), "--deepspeed_config", str(d / "ds_config.json")],
                    local_rank_arg=True, num_gpus=2, budget=None, warmup_steps=1, min_steps=3,
-                   measure=MeasureSettings(max_seconds=3.0, precision=0.5, trial_timeout=120, stall_timeout=5.0))
+                   measure=MeasureSettings(max_seconds=3.0, precision=0.5, trial_timeout=900, stall_timeout=5.0))
     start = time.monotonic()
     result = LocalLauncher(device="cpu").run(job)
     return result, time.monotonic() - start, d
@@ -57,10 +57,10 @@ def wait_for(condition, seconds: float = 60) -> bool:
 ])
 def test_fault_is_classified_without_hanging_or_orphans(tmp_path, fault, state, reason):
     shm_before = shm_buffers()
-    result, took, d = run_fault(tmp_path, fault)
+    result, _, d = run_fault(tmp_path, fault)
     assert result.state is state, (result.reason, (d / "launcher.log").read_text()[-2000:])
     assert reason in result.reason
-    assert took < 90  # the trial timeout (120 s) was never needed
+    assert "trial timeout" not in result.reason  # its own check ended it, not the (long) trial timeout
     assert wait_for(lambda: trial_processes(d) == []), trial_processes(d)
     assert shm_buffers() <= shm_before
 
@@ -101,7 +101,7 @@ def test_sigkill_mid_trial_then_rerun_resumes_and_ends_the_leftovers(tmp_path):
     env = {**__import__("os").environ, "DS_ACCELERATOR": "cpu"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # Stage 1's ranks say when they ignore SIGTERM (a file each): wait on those, not on a clock.
-    assert wait_for(lambda: len(list(res.glob("z1_*/ignoring_term.rank*"))) == 2, 240)
+    assert wait_for(lambda: len(list(res.glob("z1_*/ignoring_term.rank*"))) == 2, 900)
     first = next(res.glob("z0_*/result.json"))
     first_written = first.stat().st_mtime
     proc.send_signal(signal.SIGKILL)
