@@ -137,7 +137,8 @@ def test_moving_the_config_file_reuses_everything(tuner_factory, tmp_path, scrip
                       launcher=FakeLauncher(), node=gpu_node, results_dir=tmp_path / "results")
     again.tune()
     assert again.launcher.jobs == []
-    assert any("reusable" in n for n in again.result.notes)
+    stored = sum(1 for t in first.result.trials if t.state is not TrialState.PRUNED)
+    assert f"{stored} trial(s) on disk in {tmp_path / 'results'}: {stored} reusable" in again.result.notes
 
 
 def test_failed_trials_retry_when_their_settings_change(tuner_factory):

@@ -120,7 +120,9 @@ class TuningRecord:
     def resume_line(self, config_of: Callable[[TrialSpec], dict[str, Any]]) -> str | None:
         """One line on the trials an earlier tuning left here: how many can be reused, and why
         the others will run again. ``config_of`` gives the ds_config a spec runs with now."""
-        stored = self.store.stored()
+        # Pruned trials are decided afresh by every tuning, never reused: not counted.
+        stored = {name: data for name, data in self.store.stored().items()
+                  if (data.get("result") or {}).get("state") != TrialState.PRUNED.value}
         if not stored:
             return None
         reusable, why = 0, Counter()
