@@ -26,8 +26,8 @@ def write_atomic(path: Path, text: str) -> None:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass  # a read-only folder: the error to report is the write's, below
-        raise ZerotuneError(f"cannot write {path}: {e.strerror}; free some space or choose another "
-                            "--results-dir (finished trials are kept)") from None
+        raise ZerotuneError(f"cannot write {path}: {e.strerror}; make the folder writable, free some space or "
+                            "choose another --results-dir (finished trials are kept)") from None
 
 
 def write_json(path: Path, data: Any) -> None:
