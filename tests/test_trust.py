@@ -7,7 +7,7 @@ import pytest
 from fakes import FakeLauncher, FakeMachine
 from zerotune import Autotuner, ConfigError, load_results
 from zerotune.config import parse_request
-from zerotune.space import trial_config, user_dimensions
+from zerotune.space import user_dimensions
 from zerotune.trial import TrialSpec, TrialState
 
 
