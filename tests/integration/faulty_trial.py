@@ -34,17 +34,20 @@ def main() -> None:
     faults = json.loads(args.faults)
     stage = json.load(open(args.deepspeed_config))["zero_optimization"]["stage"]
     fault = faults.get(str(stage))
-    if fault and args.fault_once:
-        if os.path.exists(args.fault_once):
-            fault = None
-        elif int(os.environ.get("RANK", "0")) == 0:
-            open(args.fault_once, "w").close()
+    # --fault-once: every rank decides from the marker as it was when they started; the marker
+    # is made only after all of them have decided (a barrier), so no rank misses the fault.
+    if fault and args.fault_once and os.path.exists(args.fault_once):
+        fault = None
     if fault == "slow_start":
         time.sleep(5)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     rank, mb, gas = dist.get_rank(), engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    if fault and args.fault_once:
+        dist.barrier()
+        if rank == 0:
+            open(args.fault_once, "w").close()
     for step in range(1, 100_000):
         for _ in range(gas):
             loss = engine(torch.randn(mb, 64)).pow(2).mean()
