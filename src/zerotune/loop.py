@@ -71,7 +71,7 @@ class PhaseRun:
 
     def _record(self, searcher: Searcher, stopper: EarlyStopping | None, result: TrialResult) -> bool:
         """Tell the searcher; True when the stopping rule ends the phase."""
-        self.record.add(result, saved=result.state is not TrialState.PRUNED)
+        self.record.add(result)
         searcher.observe(result)
         choice = choose_best(self.trials, self.tuner.request.autotuning.metric)
         if choice and choice.best.name != self.record.best_name:
@@ -103,7 +103,6 @@ class PhaseRun:
             record.note(f"stopped at the time budget of {tuner.time_budget:.0f} s")
             return None
         job = tuner.make_job(record, spec, cfg)
-        job.config = cfg
         best = choose_best(self.trials, at.metric)
         if best is not None and at.metric in ("throughput", "latency"):
             job.to_beat = {"metric": at.metric, "value": best.best.metric(at.metric)}

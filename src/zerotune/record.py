@@ -143,10 +143,11 @@ class TuningRecord:
         return line
 
     # -- recording -----------------------------------------------------------------------------
-    def add(self, result: TrialResult, *, saved: bool = True) -> None:
-        """Append a trial to this tuning (``saved``: its result.json is already written)."""
+    def add(self, result: TrialResult) -> None:
+        """Append a trial to this tuning. A measured one is already on disk (:meth:`save`); a
+        pruned one is written here, marked never to be reused (it is decided afresh each time)."""
         self.trials.append(result)
-        if result.state is TrialState.PRUNED and not saved:
+        if result.state is TrialState.PRUNED:
             self.store.save(result, {"key": "pruned"})
         self.write_session("running")
 

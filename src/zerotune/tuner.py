@@ -248,7 +248,7 @@ class Autotuner:
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),
-                       measure=self.measure, key=record.key(cfg))
+                       measure=self.measure, config=cfg)
         exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
         write_json(d / "exp.json", exp)
         if "exps_dir" in at.model_fields_set:  # DeepSpeed's layout, when the user asked for it

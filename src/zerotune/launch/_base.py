@@ -34,8 +34,6 @@ class TrialJob:
     env: dict[str, str] = field(default_factory=dict)
     slot: Slot | None = None
     """The devices (or pinned cores) this trial runs on; None: the first ``num_gpus`` devices."""
-    key: str = ""
-    """The fingerprint of the trial's inputs, under which its result is stored."""
     config: dict[str, Any] = field(default_factory=dict)
     """The trial's ds_config: with the tuning's identity, what its result is stored under."""
     probe_fields: dict[str, Any] = field(default_factory=dict)
