@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", action="store_true",
                    help="run again the stored trials that crashed, timed out or ran out of memory (they are reused "
                         "otherwise, unless the timeouts or memory budget that failed them changed)")
+    p.add_argument("--cold-trials", action="store_true",
+                   help="start every trial in processes of its own (default: trials reuse warm processes, which "
+                        "saves the launch and start-up of each; also \"warm_trials\": false in the autotuning "
+                        "section)")
     p.add_argument("--quiet", action="store_true", help="print only the result")
     p.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="json: one JSON object per event on stdout, for machines (no other output there)")
@@ -204,7 +208,7 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
                       hostfile=args.hostfile, include=args.include, exclude=args.exclude,
                       multinode_launcher=args.launcher, master_addr=args.master_addr,
                       overwrite=True if args.overwrite else None, retry_failed=args.retry_failed,
-                      on_event=lambda e: [s(e) for s in sinks])
+                      warm_trials=False if args.cold_trials else None, on_event=lambda e: [s(e) for s in sinks])
     printer.watch(tuner)
     sinks += trackers(args.tensorboard)
     for tracker in sinks[1:]:

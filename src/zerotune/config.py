@@ -61,6 +61,9 @@ class AutotuningConfig(BaseModel):
     mp_size: int = Field(default=1, ge=1, le=MAX_PROCESSES)
     model_info: ModelInfo | None = None
     model_info_path: str | None = None
+    # zerotune's own: run trials in warm processes (one launch serving many trials); false keeps
+    # one launch per trial (the CLI's --cold-trials).
+    warm_trials: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> "AutotuningConfig":

@@ -7,7 +7,7 @@ after the training steps whose time saved adds up to what the tuning took.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .trial import TrialResult, TrialSpec, TrialState
@@ -29,6 +29,12 @@ class TuningCost:
     """Training steps (at the chosen config) after which the time saved per step against the
     user's own config adds up to the tuning's cost; None: see ``payback_note``."""
     payback_note: str = ""
+    warm: int = 0
+    """Trials that ran in warm processes (launched for an earlier trial)."""
+    launches: int = 0
+    """Trials that launched processes: cold ones, and the first of each warm group."""
+    cold_reasons: list[str] = field(default_factory=list)
+    """Why trials ran cold, or why warm processes were retired (each once)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,6 +44,10 @@ class TuningCost:
         out = [f"cost: tuning {self.wall_time:.0f} s; {self.trials} trial(s) took {self.trial_time:.0f} s, "
                f"{self.measuring:.0f} s of it timed steps and {self.overhead:.0f} s launch, start-up, warm-up and "
                f"teardown{share}"]
+        if self.launches or self.warm:
+            why = f"; {'; '.join(self.cold_reasons)}" if self.cold_reasons else ""
+            out.append(f"processes: {self.warm} of {self.warm + self.launches} trial(s) ran warm, in processes "
+                       f"an earlier trial launched; {self.launches} launch(es){why}")
         if self.payback_note:
             out.append(f"payback: {self.payback_note}")
         return out
@@ -48,8 +58,13 @@ def tuning_cost(trials: list[TrialResult], best: TrialResult | None, own: TrialS
     ran = [t for t in trials if t.state is not TrialState.PRUNED]
     trial_time = sum(t.wall_time for t in ran)
     measuring = sum(t.measurement.timed_seconds for t in ran if t.measurement is not None)
+    started = [t for t in ran if t.start]  # launched by this tuning or a recent one (older: unknown)
+    reasons = [t.start.split(": ", 1)[1] for t in started if t.start.startswith("cold: ")]
+    reasons += [f"retired after {t.name}: {t.retired}" for t in started if t.retired]
     cost = TuningCost(wall_time=wall_time, trial_time=trial_time, measuring=measuring,
-                      overhead=max(0.0, trial_time - measuring), trials=len(ran))
+                      overhead=max(0.0, trial_time - measuring), trials=len(ran),
+                      warm=sum(t.warm for t in started), launches=sum(not t.warm for t in started),
+                      cold_reasons=list(dict.fromkeys(reasons)))
     cost.payback_steps, cost.payback_note = _payback(trials, best, own, max(wall_time, trial_time))
     return cost
 

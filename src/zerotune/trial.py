@@ -168,6 +168,15 @@ class TrialResult:
     num_params: int | None = None
     wall_time: float = 0.0
     budget: int | None = None
+    start: str = ""
+    """How its processes started: "cold" (a launch of its own, with why where warm trials were
+    asked for), "warm (trial N of its processes)", or "" (not launched: pruned, or older)."""
+    retired: str = ""
+    """Why the warm processes that ran it were ended after it ("" when they served on)."""
+
+    @property
+    def warm(self) -> bool:
+        return self.start.startswith("warm")
 
     @property
     def name(self) -> str:
@@ -199,7 +208,8 @@ class TrialResult:
              "measurement": asdict(self.measurement) if self.measurement else None,
              "peak_memory": self.peak_memory, "peak_allocated": self.peak_allocated,
              "static_memory": self.static_memory, "memory_kind": self.memory_kind,
-             "num_params": self.num_params, "wall_time": self.wall_time, "budget": self.budget}
+             "num_params": self.num_params, "wall_time": self.wall_time, "budget": self.budget,
+             "start": self.start, "retired": self.retired}
         m = self.measurement
         if m:
             d.update({"throughput": m.throughput, "throughput_ci95": m.throughput_ci95,
@@ -225,8 +235,9 @@ class TrialResult:
         for key in ("peak_memory", "peak_allocated", "static_memory"):
             if not isinstance(d.get(key, []), list) or not all(_number(v) for v in d.get(key, [])):
                 raise ValueError(f"{key} is not a list of byte counts")
-        if not isinstance(d.get("reason", ""), str):
-            raise ValueError("reason is not text")
+        for key in ("reason", "start", "retired"):
+            if not isinstance(d.get(key, ""), str):
+                raise ValueError(f"{key} is not text")
         if not _number(d.get("wall_time", 0.0)):
             raise ValueError("wall_time is not a number of seconds")
         return cls(spec=TrialSpec.from_dict(d.get("spec")), state=TrialState(d.get("state")),
@@ -234,4 +245,5 @@ class TrialResult:
                    measurement=Measurement(**m) if m else None, peak_memory=d.get("peak_memory", []),
                    peak_allocated=d.get("peak_allocated", []),
                    static_memory=d.get("static_memory", []), memory_kind=d.get("memory_kind", ""),
-                   num_params=d.get("num_params"), wall_time=d.get("wall_time", 0.0), budget=d.get("budget"))
+                   num_params=d.get("num_params"), wall_time=d.get("wall_time", 0.0), budget=d.get("budget"),
+                   start=d.get("start", ""), retired=d.get("retired", ""))

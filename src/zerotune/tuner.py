@@ -42,7 +42,9 @@ class Autotuner:
     ``trial_timeout`` ends a trial after that many seconds in all; ``stall_timeout`` ends one whose
     training stopped making progress (no step on any rank) for that long. Trials run
     ``devices // num_gpus`` at a time on disjoint GPUs (one at a time on CPU), at most
-    ``max_concurrent_trials``. ``retry_failed`` runs again the stored trials that failed (else
+    ``max_concurrent_trials``. ``warm_trials`` False starts every trial in processes of its own
+    (default: the autotuning section's ``warm_trials``, true: trials on one node reuse their
+    processes, see zerotune.launch._warm). ``retry_failed`` runs again the stored trials that failed (else
     they are retried only when the timeouts or memory budget that failed them changed).
     ``lightning`` (a :class:`~zerotune.lightning_job.LightningJob`) makes the target a Lightning
     program; a script without a ds_config that imports Lightning is found to be one by itself.
@@ -62,7 +64,7 @@ class Autotuner:
                  stall_timeout: float | None = None,
                  max_concurrent_trials: int | None = None, hostfile: str | Path | None = None, include: str = "",
                  exclude: str = "", multinode_launcher: str = "pdsh", master_addr: str | None = None,
-                 retry_failed: bool = False):
+                 retry_failed: bool = False, warm_trials: bool | None = None):
         self.command = UserCommand.from_callable(command) if callable(command) else UserCommand.parse(command)
         self.node = node or hardware.detect()
         self.measure = MeasureSettings.of(precision=precision, max_seconds=max_measure_seconds,
@@ -91,6 +93,7 @@ class Autotuner:
         self.mixed_precision = any((self.user_config.get(k) or {}).get("enabled") for k in ("fp16", "bf16"))
         self.offload = offload
         self.retry_failed = retry_failed
+        self.warm_trials = at.warm_trials if warm_trials is None else bool(warm_trials)
         self.custom_searcher = searcher
         self.candidates()  # a global batch no micro-batch divides is an error now, not at tune()
         self.result: TuningResult | None = None
@@ -193,6 +196,7 @@ class Autotuner:
             except ZerotuneError:
                 pass  # the disk is full: the error being raised says so; finished trials are on disk
             raise
+        self.launcher.close()  # warm processes end with the tuning
         wall = time.monotonic() - start
         trials = record.trials
         choice = choose_best(trials, at.metric)
@@ -248,13 +252,21 @@ class Autotuner:
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),
-                       measure=self.measure, config=cfg)
+                       measure=self.measure, config=cfg, **self.warm_plan())
         exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
         write_json(d / "exp.json", exp)
         if "exps_dir" in at.model_fields_set:  # DeepSpeed's layout, when the user asked for it
             Path(at.exps_dir).mkdir(parents=True, exist_ok=True)
             write_json(Path(at.exps_dir) / f"{spec.name}.json", exp)
         return job
+
+    def warm_plan(self) -> dict[str, Any]:
+        """Whether trials run warm, and why not where they cannot."""
+        if not self.warm_trials:
+            return {"warm": False, "cold_reason": "cold trials were asked for (--cold-trials, warm_trials: false)"}
+        if self.cluster.multinode:
+            return {"warm": False, "cold_reason": "warm trials run on one node only"}
+        return {"warm": True}
 
     def mapped_args(self, spec: TrialSpec) -> dict[str, str]:
         """The script options ``arg_mappings`` names, with the values of ``spec``."""

@@ -36,6 +36,11 @@ class TrialJob:
     """The devices (or pinned cores) this trial runs on; None: the first ``num_gpus`` devices."""
     config: dict[str, Any] = field(default_factory=dict)
     """The trial's ds_config: with the tuning's identity, what its result is stored under."""
+    warm: bool = False
+    """Run in the slot's warm processes (launched once, serving trial after trial) where the
+    launcher has them; else in processes of its own."""
+    cold_reason: str = ""
+    """Why the trial runs cold although warm trials were asked for (said in the summary)."""
     probe_fields: dict[str, Any] = field(default_factory=dict)
     """What the target adds to probe.json to give the run its config (a Lightning program's
     ``lightning_config``, read by the probe's Lightning hooks)."""

@@ -1,24 +1,17 @@
 """Entry point of every trial process: ``python -m zerotune.probe`` (started by the launcher).
 
 The user's arguments come from probe.json in the trial folder, never from this process's own
-command line, so no launcher's argument parser ever sees (or abbreviates) them.
+command line, so no launcher's argument parser ever sees (or abbreviates) them. Modes:
+``measure`` (one trial, then the process ends), ``serve`` (warm: trials one after another, see
+_warm), ``inspect`` (what a Lightning program asks for) and ``run`` (the real training).
 """
 from __future__ import annotations
 
 import json
 import os
-import runpy
 import signal
 import sys
-import traceback
 from pathlib import Path
-
-
-def _redirect(out: Path, rank: int) -> None:
-    for fd, name in ((1, f"rank{rank}.stdout"), (2, f"rank{rank}.stderr")):
-        f = os.open(out / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(f, fd)
-        os.close(f)
 
 
 def main() -> None:
@@ -33,17 +26,15 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     mode = spec["mode"]
-    probe = None
+    if mode == "serve":
+        from ._warm import serve
+
+        serve(Path(spec["pool"]), rank, local_rank)
     if mode == "measure":
-        out = Path(spec["out_dir"])
-        _redirect(out, rank)
-        import faulthandler
+        from ._trial import run_measured
 
-        faulthandler.enable()  # a segfault leaves its signal and Python stack in rank<N>.stderr
-        from ._hooks import StepProbe, install
-
-        probe = StepProbe(spec, rank)
-        install(probe)
+        run_measured(spec, rank, local_rank)  # ends the process
+        raise AssertionError("unreachable: a cold trial ends its process")
     if mode == "inspect":
         from ._lightning import install_inspect
 
@@ -51,29 +42,10 @@ def main() -> None:
     elif spec.get("lightning_config"):
         from ._lightning import install_trial
 
-        install_trial(spec["lightning_config"], probe)
-    script = spec["script"]
-    sys.argv = [script] + ([f"--local_rank={local_rank}"] if spec.get("local_rank_arg") else []) + spec["args"]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        if probe is not None and e.code not in (0, None):
-            probe.finish("crashed", f"the script exited with status {e.code}", code=1 if not isinstance(e.code, int)
-                         else e.code)
-        raise
-    except BaseException as e:
-        if probe is None:
-            raise
-        from ._memory import is_oom_error
+        install_trial(spec["lightning_config"], None)
+    from ._trial import run_script
 
-        traceback.print_exc()
-        state = "oom" if is_oom_error(e) else "crashed"
-        line = (traceback.format_exception_only(type(e), e)[-1].strip())[:500]
-        probe.finish(state, line, code=3 if state == "oom" else 1)
-    if probe is not None:
-        # The script ended on its own before the estimate was stable: keep what was measured.
-        probe.finish("ok", "the script finished before the measurement was stable")
+    run_script(spec, local_rank)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +26,33 @@ def _first_tensor(args, kwargs, torch):
     return None
 
 
+class TrialStop(BaseException):
+    """Ends the user's script in a warm process at the step where the trial is measured (a cold
+    process ends with ``os._exit`` instead). A BaseException, so that ``except Exception`` in the
+    script lets it through; ``code`` 0 is a clean stop."""
+
+    def __init__(self, code: int):
+        super().__init__(f"zerotune ended the trial here (status {code})")
+        self.code = code
+
+
 class StepProbe:
     """Lives in every rank. Rank 0 decides when to stop; an all-reduce makes every rank agree,
-    so all of them leave at the same optimizer step and none waits in a collective."""
+    so all of them leave at the same optimizer step and none waits in a collective. ``warm``:
+    the process serves further trials, so the probe stops the script by raising
+    :class:`TrialStop` rather than ending the process."""
 
-    def __init__(self, spec: dict[str, Any], rank: int):
+    def __init__(self, spec: dict[str, Any], rank: int, *, warm: bool = False):
         import torch
 
         self.torch = torch
         self.spec = spec
         self.rank = rank
+        self.warm = warm
+        self.finished: tuple[str, int] | None = None
+        """(state, exit status) once this rank's result is written."""
+        self.engines: weakref.WeakSet = weakref.WeakSet()
+        """Every DeepSpeed engine built during the trial: a warm process checks that none outlives it."""
         self.out = Path(spec["out_dir"])
         self.times: list[float] = []
         """When each optimizer step (gradient-accumulation boundary) ended."""
@@ -220,22 +238,42 @@ class StepProbe:
             "num_params": num_params, "elapsed": time.perf_counter() - self.start,
         }
 
-    def finish(self, state: str, reason: str, code: int = 0) -> None:
-        """Record this rank's result and end the process without running the rest of the script."""
+    def write(self, state: str, reason: str, code: int = 0) -> None:
+        """Record this rank's result (once: what ended the trial first is its result)."""
+        if self.finished is not None:
+            return
         write_json(self.out / f"rank{self.rank}.json", self.report(state, reason))
+        self.finished = (state, code)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
+
+    def finish(self, state: str, reason: str, code: int = 0) -> None:
+        """Record this rank's result and end the script: the process (cold), or the script's run
+        in it (warm, by raising TrialStop)."""
+        self.write(state, reason, code)
+        self.stop()
+
+    def stop(self) -> None:
+        assert self.finished is not None, "stop() after write()"
+        if self.warm:
+            raise TrialStop(self.finished[1])
+        os._exit(self.finished[1])
 
 
 def install(probe: StepProbe) -> None:
     """Wrap DeepSpeedEngine.forward and .step at class level, so every engine (also one that
-    Lightning creates) is measured."""
+    Lightning creates) is measured. In a warm process the trial's sandbox puts them back."""
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    orig_forward, orig_step = DeepSpeedEngine.forward, DeepSpeedEngine.step
+    orig_forward, orig_step, orig_init = DeepSpeedEngine.forward, DeepSpeedEngine.step, DeepSpeedEngine.__init__
+
+    def init(self, *args, **kwargs):
+        probe.engines.add(self)
+        return orig_init(self, *args, **kwargs)
 
     def forward(self, *args, **kwargs):
+        if probe.finished is not None:  # a script that caught the stop and trains on
+            probe.stop()
         if not probe.before_forward(self, args, kwargs):
             return orig_forward(self, *args, **kwargs)
         try:
@@ -255,6 +293,8 @@ def install(probe: StepProbe) -> None:
         return out
 
     def step(self, *args, **kwargs):
+        if probe.finished is not None:
+            probe.stop()
         boundary = self.is_gradient_accumulation_boundary()
         out = orig_step(self, *args, **kwargs)
         if boundary:
@@ -263,5 +303,6 @@ def install(probe: StepProbe) -> None:
             probe.after_micro(self)
         return out
 
+    DeepSpeedEngine.__init__ = init
     DeepSpeedEngine.forward = forward
     DeepSpeedEngine.step = step

@@ -11,7 +11,16 @@ def current_rss() -> int:
 
 
 def peak_rss() -> int:
-    # ru_maxrss (KiB on Linux) is the kernel's own high-water mark, so no peak between readings is missed.
+    """The kernel's own high-water mark of the RSS, so no peak between readings is missed:
+    VmHWM, which ``/proc/self/clear_refs`` resets (``ru_maxrss`` also keeps the peak of threads
+    that have exited, so a warm process could never reset it), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return max(int(line.split()[1]) * 1024, current_rss())
+    except (OSError, ValueError, IndexError):
+        pass
     return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, current_rss())
 
 
@@ -47,3 +56,28 @@ def is_oom_error(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, (RuntimeError, MemoryError)) and (
         "out of memory" in text.lower() or isinstance(exc, MemoryError))
+
+
+def reset_peak(torch_module) -> bool:
+    """Start a new peak reading in this process (a warm process, before each trial): the kernel's
+    high-water mark of the RSS (``/proc/self/clear_refs``, which also resets ``ru_maxrss``) and,
+    where CUDA is in use, torch's peak statistics. False where the RSS peak cannot be reset:
+    then peaks of later trials would include earlier ones."""
+    cuda = getattr(torch_module, "cuda", None)
+    if cuda is not None and cuda.is_available() and cuda.is_initialized():
+        cuda.empty_cache()
+        cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return peak_rss() <= current_rss() * 1.05 + (1 << 20)
+
+
+def device_in_use(torch_module) -> int | None:
+    """Device memory held by tensors now, where CUDA is in use; None on CPU."""
+    cuda = getattr(torch_module, "cuda", None)
+    if cuda is not None and cuda.is_available() and cuda.is_initialized():
+        return int(cuda.memory_allocated())
+    return None

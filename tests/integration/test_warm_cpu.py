@@ -1,0 +1,89 @@
+"""Warm trials with real DeepSpeed on CPU: one launch serves trials of different stages; the
+habits of real scripts (DataLoader workers, atexit hooks, destroy_process_group, sys.exit, a
+catch-all except) keep or retire the processes as they should; a ZeRO-1 trial run warm after a
+ZeRO-3 one trains exactly as it does cold."""
+import json
+
+import pytest
+
+from conftest import ROOT
+from procs import shm_buffers, trial_processes
+from zerotune.launch import LocalLauncher, TrialJob
+from zerotune.settings import MeasureSettings
+from zerotune.trial import TrialSpec, TrialState
+
+pytestmark = pytest.mark.integration
+SCRIPT = ROOT / "tests" / "integration" / "warm_script.py"
+
+
+@pytest.fixture(autouse=True)
+def cpu_accelerator(monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+
+
+def job(tmp_path, name, stage, args, *, warm=True, max_seconds=2.0):
+    d = tmp_path / name
+    d.mkdir()
+    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+           "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": stage}}
+    (d / "ds_config.json").write_text(json.dumps(cfg))
+    return TrialJob(spec=TrialSpec(stage=stage, micro_batch=4), trial_dir=d, script=str(SCRIPT),
+                    script_args=[*args, "--deepspeed_config", str(d / "ds_config.json")], local_rank_arg=True,
+                    num_gpus=2, budget=None, warmup_steps=1, min_steps=3, config=cfg, warm=warm,
+                    measure=MeasureSettings(max_seconds=max_seconds, precision=0.5, trial_timeout=600,
+                                            stall_timeout=120))
+
+
+def done(tmp_path, group, seq, rank=0):
+    return json.loads((tmp_path / "_warm" / f"slot0-{group}" / f"done{seq}.rank{rank}.json").read_text())
+
+
+def losses(trial_dir):
+    return json.loads((trial_dir / "losses.rank0.json").read_text())
+
+
+def test_script_habits_keep_the_processes_warm_and_training_identical_to_cold(tmp_path):
+    shm_before = shm_buffers()
+    habits = ["--workers", "2", "--atexit", "--destroy"]
+    launcher = LocalLauncher(device="cpu")
+    try:
+        z3 = launcher.run(job(tmp_path, "z3", 3, habits))
+        z1 = launcher.run(job(tmp_path, "z1", 1, habits))
+        ends = launcher.run(job(tmp_path, "ends", 0, ["--exit-after", "3"], max_seconds=600))
+    finally:
+        launcher.close()
+    cold = LocalLauncher(device="cpu").run(job(tmp_path, "cold", 1, habits, warm=False))
+    for r in (z3, z1, ends, cold):
+        assert r.state is TrialState.OK, (r.name, r.reason)
+    assert z3.start.startswith("cold (new warm processes") and not z3.retired
+    assert z1.start == "warm (trial 2 of its processes)" and not z1.retired
+    assert ends.start == "warm (trial 3 of its processes)" and "finished before" in ends.reason
+    assert cold.start == "cold" and not cold.warm
+    first = done(tmp_path, 1, 0)
+    assert first["clean"] and first["destroyed_group"] and first["atexit_hooks"] >= 1 and first["children"] == 0
+    assert "FWD_MODULE_STACK" in first["cleared"]  # ZeRO-3's leak, cleared
+    assert not list(tmp_path.glob("*/atexit.rank*"))  # as in a cold trial, which ends with os._exit
+    # A ZeRO-1 trial run after a ZeRO-3 one in the same processes trains bit for bit as it does cold.
+    warm_losses, cold_losses = losses(tmp_path / "z1"), losses(tmp_path / "cold")
+    n = min(len(warm_losses), len(cold_losses))
+    assert n >= 3 and warm_losses[:n] == cold_losses[:n]
+    assert trial_processes(tmp_path) == []
+    assert shm_buffers() <= shm_before
+
+
+def test_a_trial_that_does_not_end_cleanly_retires_the_processes(tmp_path):
+    launcher = LocalLauncher(device="cpu")
+    try:
+        first = launcher.run(job(tmp_path, "first", 0, []))
+        caught = launcher.run(job(tmp_path, "caught", 1, ["--catch"]))
+        oom = launcher.run(job(tmp_path, "oom", 0, ["--oom-at", "2"]))
+        after = launcher.run(job(tmp_path, "after", 0, []))
+    finally:
+        launcher.close()
+    assert first.state is TrialState.OK and not first.retired
+    # The script swallowed zerotune's stop: its result stands, its processes are not trusted again.
+    assert caught.state is TrialState.OK and caught.start.startswith("warm") and "caught zerotune's stop" in caught.retired
+    assert oom.state is TrialState.OOM and oom.start.startswith("cold (new") and oom.retired
+    assert after.state is TrialState.OK and after.start.startswith("cold (new")
+    assert (tmp_path / "_warm" / "slot0-1" / "retired.txt").exists()
+    assert trial_processes(tmp_path) == []

@@ -1,0 +1,240 @@
+"""Warm trials without DeepSpeed's launcher: the rank-side sandbox and leak checks, and the
+tuner-side protocol (orders, done files, retiring) against a fake serving process."""
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from zerotune.launch import TrialJob
+from zerotune.launch._local import near_budget
+from zerotune.launch._process import ProcessGroup
+from zerotune.launch._warm import WarmGroup, kind_of, run_in_group, signature
+from zerotune.probe._memory import current_rss, peak_rss, reset_peak
+from zerotune.probe._sandbox import TrialSandbox, lru_cache_in, clear_deepspeed_caches
+from zerotune.probe._warm import LeakCheck, process_counts
+from zerotune.settings import MeasureSettings
+from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+
+
+# -- rank side -------------------------------------------------------------------------------
+def test_leak_check_allows_one_growth_per_kind_then_none():
+    check = LeakCheck()
+    assert check.check("z0", {"threads": 5, "fds": 25, "children": 0}) == ""
+    assert check.check("z3", {"threads": 8, "fds": 31, "children": 0}) == ""  # first ZeRO-3: one-time growth
+    assert check.check("z0", {"threads": 8, "fds": 31, "children": 0}) == ""  # back to the baseline
+    why = check.check("z3", {"threads": 9, "fds": 31, "children": 0})
+    assert "threads grew from 8 to 9" in why and "(z3)" in why
+
+
+def test_leak_check_refuses_child_processes_left_running():
+    assert "2 child process(es)" in LeakCheck().check("z0", {"threads": 5, "fds": 25, "children": 2})
+
+
+def test_process_counts_see_a_child_until_it_ends():
+    before = process_counts()
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert process_counts()["children"] == before["children"] + 1
+    finally:
+        child.communicate(b"")
+    assert process_counts()["children"] == before["children"]
+
+
+def test_sandbox_puts_back_what_a_trial_changed(tmp_path, monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    import torch
+    import torch.distributed as dist
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    (tmp_path / "helper_mod_for_sandbox.py").write_text("STATE = []\n")
+    linear, module_call, cwd, argv = torch.nn.functional.linear, torch.nn.Module.__call__, os.getcwd(), list(sys.argv)
+    handler = signal.getsignal(signal.SIGTERM)
+    box = TrialSandbox(str(script))
+    box.enter()
+    # What scripts (and ZeRO-3) do to a process:
+    torch.nn.functional.linear = lambda *a, **k: None
+    torch.nn.Module.__call__ = lambda self, *a, **k: None
+    torch.nn.Module.added_by_script = 1
+    os.environ["ZEROTUNE_TEST_SANDBOX"] = "1"
+    sys.path.insert(0, str(tmp_path))
+    sys.argv[:] = ["train.py", "--x"]
+    os.chdir(tmp_path)
+    signal.signal(signal.SIGTERM, lambda *a: None)
+    __import__("helper_mod_for_sandbox")  # the script's own module
+
+    atexit.register(print, "never run")
+    assert dist.destroy_process_group() is None  # put off: the warm process keeps its group
+    restored = box.exit()
+    assert torch.nn.functional.linear is linear and torch.nn.Module.__call__ is module_call
+    assert not hasattr(torch.nn.Module, "added_by_script")
+    assert "linear.linear" not in restored and any(r.endswith(".linear") for r in restored)
+    assert "ZEROTUNE_TEST_SANDBOX" not in os.environ and str(tmp_path) not in sys.path
+    assert os.getcwd() == cwd and sys.argv == argv and signal.getsignal(signal.SIGTERM) is handler
+    assert "helper_mod_for_sandbox" not in sys.modules  # imported afresh next trial, as cold
+    assert box.atexit_hooks == [print] and box.destroyed_group
+    assert atexit.register is not None and dist.destroy_process_group.__name__ == "destroy_process_group"
+
+
+def test_lru_cache_is_found_under_a_closure_decorator():
+    import functools
+
+    @functools.lru_cache(maxsize=None)
+    def cached(x):
+        return [x]
+
+    def nvtx_like(func):
+        def wrapped(*a):
+            return func(*a)
+        return wrapped
+
+    wrapped = nvtx_like(cached)
+    assert lru_cache_in(wrapped) is cached
+    assert lru_cache_in(lambda: None) is None
+
+
+def test_deepspeed_caches_are_cleared(monkeypatch):
+    import functools
+    import types
+
+    offload = types.ModuleType("offload")
+    offload.FWD_MODULE_STACK = ["top module"]
+
+    class Coordinator:
+        @functools.lru_cache(maxsize=None)
+        def _Coordinator__params(self, x):
+            return x
+
+    coordinator = types.ModuleType("coordinator")
+    coordinator.PartitionedParameterCoordinator = Coordinator
+    Coordinator()._Coordinator__params(1)
+    monkeypatch.setitem(sys.modules, "deepspeed.runtime.zero.parameter_offload", offload)
+    monkeypatch.setitem(sys.modules, "deepspeed.runtime.zero.partitioned_param_coordinator", coordinator)
+    assert clear_deepspeed_caches() == ["FWD_MODULE_STACK", "_Coordinator__params"]
+    assert offload.FWD_MODULE_STACK == [] and Coordinator._Coordinator__params.cache_info().currsize == 0
+
+
+def test_peak_memory_resets_for_the_next_trial():
+    block = bytearray(200 << 20)
+    block[::4096] = b"x" * len(block[::4096])
+    del block
+    assert peak_rss() > current_rss() + (100 << 20)
+    import torch
+
+    assert reset_peak(torch)
+    assert peak_rss() < current_rss() + (50 << 20)
+
+
+# -- tuner side ------------------------------------------------------------------------------
+def job(tmp_path, **kw):
+    d = tmp_path / "z1_mb2_gas1"
+    d.mkdir(exist_ok=True)
+    (d / "probe.json").write_text("{}")
+    base = dict(spec=TrialSpec(stage=1, micro_batch=2), trial_dir=d, script="train.py", script_args=[],
+                local_rank_arg=False, num_gpus=2, budget=None, warmup_steps=1, min_steps=3,
+                measure=MeasureSettings(trial_timeout=60, stall_timeout=30),
+                config={"zero_optimization": {"stage": 1}})
+    return TrialJob(**{**base, **kw})
+
+
+FAKE_SERVE = textwrap.dedent("""
+    # Two "ranks" in one process: per order, write each rank's result and done file as told.
+    import json, os, sys, time
+    pool = sys.argv[1]
+    seq = 0
+    while True:
+        path = os.path.join(pool, f"order{seq}.json")
+        while not os.path.exists(path):
+            time.sleep(0.01)
+        order = json.load(open(path))
+        behaviour = open(os.path.join(pool, "behaviour")).read().strip()
+        out = os.path.dirname(order["probe"])
+        if behaviour == "die":
+            os._exit(7)
+        for r in range(2):
+            rank = {"state": "ok", "reason": "", "times": [0, 1, 2, 3, 4], "intervals": [1.0] * 4,
+                    "samples_per_step": 4, "warmup_steps": 1, "peak_memory": 100, "kind": order["kind"]}
+            json.dump(rank, open(os.path.join(out, f"rank{r}.json"), "w"))
+            why = "a DeepSpeed engine of the trial is still alive after teardown" if behaviour == "leak" and r == 1 else ""
+            json.dump({"clean": not why, "why": why}, open(os.path.join(pool, f"done{seq}.rank{r}.json"), "w"))
+        seq += 1
+""")
+
+
+@pytest.fixture
+def fake_group(tmp_path):
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    (pool / "behaviour").write_text("clean")
+    serve = tmp_path / "serve.py"
+    serve.write_text(FAKE_SERVE)
+    group = ProcessGroup([sys.executable, str(serve), str(pool)], env=dict(os.environ), log=pool / "launcher.log")
+    warm = WarmGroup(pool=pool, group=group, port=0, signature="s", world=2, started_as="fake serve\n")
+    yield warm
+    group.kill()
+
+
+def test_a_clean_trial_keeps_the_group_serving(tmp_path, fake_group):
+    result, why = run_in_group(fake_group, job(tmp_path), job(tmp_path).trial_dir)
+    assert why == "" and result.state is TrialState.OK and fake_group.alive and fake_group.seq == 1
+    assert json.loads((fake_group.pool / "order0.json").read_text())["kind"] == "z1"
+    assert "trial 1 of the processes" in (job(tmp_path).trial_dir / "cmd.txt").read_text()
+    result, why = run_in_group(fake_group, job(tmp_path), job(tmp_path).trial_dir)
+    assert why == "" and fake_group.seq == 2
+
+
+def test_one_rank_failing_its_leak_check_retires_the_group(tmp_path, fake_group):
+    (fake_group.pool / "behaviour").write_text("leak")
+    result, why = run_in_group(fake_group, job(tmp_path), job(tmp_path).trial_dir)
+    assert result.state is TrialState.OK  # the result stands
+    assert "still alive" in why
+
+
+def test_processes_that_die_mid_trial_retire_the_group_and_the_trial_crashed(tmp_path, fake_group):
+    (fake_group.pool / "behaviour").write_text("die")
+    result, why = run_in_group(fake_group, job(tmp_path), job(tmp_path).trial_dir)
+    assert result.state is TrialState.CRASHED and why
+    assert not fake_group.alive
+
+
+def test_a_silent_group_times_out(tmp_path):
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    group = ProcessGroup([sys.executable, "-c", "import signal; signal.pause()"], env=dict(os.environ), log=None)
+    warm = WarmGroup(pool=pool, group=group, port=0, signature="s", world=2, started_as="")
+    try:
+        result, why = run_in_group(warm, job(tmp_path, measure=MeasureSettings(trial_timeout=0.5)),
+                                   job(tmp_path).trial_dir)
+    finally:
+        group.kill()
+    assert result.state is TrialState.TIMEOUT and why
+
+
+def test_kind_and_signature():
+    assert kind_of({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}) == "z3+offload_param=cpu"
+    assert kind_of({}) == "z0"
+    j = TrialJob(spec=TrialSpec(stage=0, micro_batch=1), trial_dir=Path("."), script="s", script_args=[],
+                 local_rank_arg=False, num_gpus=2, budget=None, warmup_steps=1, min_steps=3)
+    assert signature(j, {"A": "1", "ZEROTUNE_PROBE": "x"}) == signature(j, {"A": "1", "ZEROTUNE_PROBE": "y"})
+    assert signature(j, {"A": "1"}) != signature(j, {"A": "2"})
+
+
+def ok_result(peak, state=TrialState.OK, reason=""):
+    m = Measurement(samples_per_step=4, step_time_mean=1.0, step_time_std=0.1, step_time_ci95=0.05,
+                    steps_measured=5, stable=True)
+    return TrialResult(spec=TrialSpec(stage=0, micro_batch=1), state=state, reason=reason, measurement=m,
+                       peak_memory=[peak])
+
+
+def testnear_budget_results_are_measured_again_cold():
+    assert not near_budget(ok_result(50), 100)
+    assert near_budget(ok_result(90), 100)
+    assert near_budget(ok_result(120, TrialState.OOM, "peak memory 120 B above the budget of 100 B"), 100)
+    assert not near_budget(ok_result(120, TrialState.OOM, "CUDA out of memory"), 100)  # a real OOM stands
+    assert not near_budget(ok_result(90), None)
