@@ -47,3 +47,17 @@ def test_the_summary_and_json_say_what_the_tuning_cost(tuner_factory, tmp_path):
     events.result(result)
     assert json.loads(events.stream.getvalue())["cost"]["payback_steps"] == result.cost.payback_steps
     assert load_results(tmp_path / "results").cost.payback_steps == result.cost.payback_steps
+
+
+def test_the_cost_says_how_many_trials_ran_warm_and_why_others_ran_cold():
+    a, b, c = trial(0, 8, 1.0, 30.0, 8.0), trial(1, 8, 0.5, 6.0, 5.0), trial(2, 8, 0.5, 20.0, 5.0)
+    a.start, b.start = "cold (new warm processes; later trials reuse them)", "warm (trial 2 of its processes)"
+    b.retired = "the trial ended oom: CUDA out of memory"
+    c.start = "cold: cold trials were asked for (--cold-trials, warm_trials: false)"
+    cost = tuning_cost([a, b, c], b, None, 60.0)
+    assert (cost.warm, cost.launches) == (1, 2)
+    line = next(x for x in cost.lines() if x.startswith("processes:"))
+    assert "1 of 3 run(s) were warm" in line and "2 launch(es)" in line and "--cold-trials" in line
+    assert f"retired after {b.name}: the trial ended oom" in line
+    assert not any(x.startswith("processes:") for x in tuning_cost([trial(0, 8, 1.0, 30.0, 8.0)], None, None,
+                                                                    1.0).lines())  # older results: unknown

@@ -238,3 +238,33 @@ def testnear_budget_results_are_measured_again_cold():
     assert near_budget(ok_result(120, TrialState.OOM, "peak memory 120 B above the budget of 100 B"), 100)
     assert not near_budget(ok_result(120, TrialState.OOM, "CUDA out of memory"), 100)  # a real OOM stands
     assert not near_budget(ok_result(90), None)
+
+
+def test_trials_are_warm_unless_cold_ones_are_asked_for(tuner_factory):
+    tuner = tuner_factory({"warm_trials": True})
+    tuner.tune()
+    assert tuner.launcher.jobs and all(j.warm and not j.cold_reason for j in tuner.launcher.jobs)
+    assert tuner.launcher.closed  # the warm processes end with the tuning
+    for cold in (tuner_factory({"warm_trials": False}, results_dir=tuner.results_dir.parent / "b"),
+                 tuner_factory(None, warm_trials=False, results_dir=tuner.results_dir.parent / "c")):
+        cold.tune()
+        assert all(not j.warm and "--cold-trials" in j.cold_reason for j in cold.launcher.jobs)
+
+
+def test_cli_cold_trials_flag_reaches_the_tuner(monkeypatch, tmp_path, script, make_config):
+    from zerotune import cli, tuner
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_tuner(command, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(tuner, "Autotuner", fake_tuner)
+    for flag, expect in ((["--cold-trials"], False), ([], None)):
+        with pytest.raises(Stop):
+            cli.main(["tune", *flag, str(script), "--deepspeed_config", str(make_config(None))])
+        assert seen["warm_trials"] is expect

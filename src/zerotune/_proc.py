@@ -9,7 +9,9 @@ _PR_SET_PDEATHSIG = 1
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Ask Linux to send ``sig`` to this process when its parent dies, so that a tuner killed
-    with SIGKILL leaves no trial behind (the launcher dies, then its ranks). No-op elsewhere."""
+    with SIGKILL leaves no trial behind (the launcher dies, then its ranks). No-op elsewhere.
+    Linux sends it when the *thread* that started the process ends: processes that must outlive
+    a worker thread (warm trials) are started from a thread that lives as long as they do."""
     try:
         import ctypes
 

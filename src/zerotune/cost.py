@@ -25,6 +25,8 @@ class TuningCost:
     """Of that, everything else: launch, start-up, warm-up, teardown."""
     trials: int
     """Trials that ran (not pruned)."""
+    remeasured: int = 0
+    """Re-measurements that confirmed the choice (their time is in ``trial_time``)."""
     payback_steps: int | None = None
     """Training steps (at the chosen config) after which the time saved per step against the
     user's own config adds up to the tuning's cost; None: see ``payback_note``."""
@@ -41,12 +43,13 @@ class TuningCost:
 
     def lines(self) -> list[str]:
         share = f" ({self.overhead / self.trial_time:.0%})" if self.trial_time else ""
-        out = [f"cost: tuning {self.wall_time:.0f} s; {self.trials} trial(s) took {self.trial_time:.0f} s, "
+        again = f" and {self.remeasured} re-measurement(s)" if self.remeasured else ""
+        out = [f"cost: tuning {self.wall_time:.0f} s; {self.trials} trial(s){again} took {self.trial_time:.0f} s, "
                f"{self.measuring:.0f} s of it timed steps and {self.overhead:.0f} s launch, start-up, warm-up and "
                f"teardown{share}"]
         if self.launches or self.warm:
             why = f"; {'; '.join(self.cold_reasons)}" if self.cold_reasons else ""
-            out.append(f"processes: {self.warm} of {self.warm + self.launches} trial(s) ran warm, in processes "
+            out.append(f"processes: {self.warm} of {self.warm + self.launches} run(s) were warm, in processes "
                        f"an earlier trial launched; {self.launches} launch(es){why}")
         if self.payback_note:
             out.append(f"payback: {self.payback_note}")
@@ -54,15 +57,17 @@ class TuningCost:
 
 
 def tuning_cost(trials: list[TrialResult], best: TrialResult | None, own: TrialSpec | None,
-                wall_time: float) -> TuningCost:
+                wall_time: float, remeasured: list[TrialResult] | None = None) -> TuningCost:
+    """``remeasured``: runs that confirmed the choice, counted in the time (not as trials)."""
     ran = [t for t in trials if t.state is not TrialState.PRUNED]
-    trial_time = sum(t.wall_time for t in ran)
-    measuring = sum(t.measurement.timed_seconds for t in ran if t.measurement is not None)
-    started = [t for t in ran if t.start]  # launched by this tuning or a recent one (older: unknown)
+    confirming = list(remeasured or [])
+    trial_time = sum(t.wall_time for t in ran + confirming)
+    measuring = sum(t.measurement.timed_seconds for t in ran + confirming if t.measurement is not None)
+    started = [t for t in ran + confirming if t.start]  # launched by this tuning or a recent one (older: unknown)
     reasons = [t.start.split(": ", 1)[1] for t in started if t.start.startswith("cold: ")]
     reasons += [f"retired after {t.name}: {t.retired}" for t in started if t.retired]
     cost = TuningCost(wall_time=wall_time, trial_time=trial_time, measuring=measuring,
-                      overhead=max(0.0, trial_time - measuring), trials=len(ran),
+                      overhead=max(0.0, trial_time - measuring), trials=len(ran), remeasured=len(confirming),
                       warm=sum(t.warm for t in started), launches=sum(not t.warm for t in started),
                       cold_reasons=list(dict.fromkeys(reasons)))
     cost.payback_steps, cost.payback_note = _payback(trials, best, own, max(wall_time, trial_time))

@@ -131,6 +131,11 @@ class ProgressPrinter:
                                f"peak {format_size(r.max_peak)}{tag}")
         elif event.kind == "pruned":
             self.console.print(f"[dim]trial {n}[/] {safe(event.spec.name)} [blue]pruned[/] {safe(event.message)}")
+        elif event.kind == "confirm":
+            r = event.result
+            value = fmt_metric(self.metric, r) if r.state.value == "ok" else r.reason
+            self.console.print(f"[dim]confirm[/] {safe(r.name)} {r.state.value} {safe(value)}  "
+                               f"({safe(event.message)}, {r.wall_time:.0f} s)")
         elif event.kind == "best":
             self.console.print(f"  [bold]best so far:[/] {safe(event.result.name)}")
         elif event.kind == "note":

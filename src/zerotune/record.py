@@ -31,7 +31,8 @@ FAILED = (TrialState.CRASHED, TrialState.TIMEOUT, TrialState.OOM)
 
 @dataclass(frozen=True)
 class TuningEvent:
-    """Progress for the caller: kind is one of started, finished, reused, pruned, best, note."""
+    """Progress for the caller: kind is one of started, finished, reused, pruned, best, note,
+    confirm (a re-measurement of a configuration within noise of the best; ``index`` its round)."""
 
     kind: str
     index: int = 0
@@ -156,10 +157,12 @@ class TuningRecord:
                                  "failure": self.identity.failure})
 
     def write_session(self, state: str, *, wall: float = 0.0, notes: list[str] | None = None,
-                      best: str | None = None, best_config: dict[str, Any] | None = None) -> None:
+                      best: str | None = None, best_config: dict[str, Any] | None = None,
+                      remeasured: list[dict[str, Any]] | None = None) -> None:
+        """``remeasured``: the re-measurements that confirmed the choice ``best``."""
         write_json(self.root / SESSION, {**self.session, "state": state, "wall_time": wall,
                                          "trials": [t.name for t in self.trials], "notes": list(notes or self.notes),
-                                         "best": best, "best_config": best_config})
+                                         "best": best, "best_config": best_config, "remeasured": remeasured or []})
 
     def clear_outputs(self) -> None:
         """Remove an earlier tuning's outputs as this one starts (they are written again when it

@@ -8,7 +8,7 @@ from typing import Any
 
 from ._errors import ZerotuneError
 from .cost import TuningCost, tuning_cost
-from .ranking import MAXIMIZE, better, choose_best, fmt_metric, within_noise
+from .ranking import MAXIMIZE, Choice, better, choose_best, fmt_metric, within_noise
 from .record import read_session
 from .store import SESSION, DamagedTrial, ResultStore
 from .trial import TrialResult, TrialSpec, TrialState
@@ -88,6 +88,16 @@ def load_results(results_dir: str | Path) -> TuningResult:
         except DamagedTrial as e:
             damaged.append(str(e))
     choice = choose_best(trials, metric)
+    named = next((t for t in trials if t.name == session.get("best") and t.state is TrialState.OK), None)
+    if choice is not None and named is not None and named is not choice.best:
+        # The finished tuning confirmed its choice by re-measuring the ties (see confirm.py).
+        choice = Choice(named, [t for t in choice.ties + [choice.best] if t is not named], "")
+    remeasured = []
+    for raw in session.get("remeasured") or [] if isinstance(session.get("remeasured"), list) else []:
+        try:
+            remeasured.append(TrialResult.from_dict(raw))
+        except (ValueError, TypeError, KeyError):
+            pass  # a damaged entry only loses its share of the cost line
     best_config = None
     if choice is not None:
         saved = session.get("best_config")
@@ -112,4 +122,4 @@ def load_results(results_dir: str | Path) -> TuningResult:
     return TuningResult(metric=metric, trials=trials, best=best, best_config=best_config, results_dir=root,
                         notes=notes + damaged + ([choice.note] if choice and choice.note and choice.note not in notes
                                                  else []),
-                        wall_time=wall, cost=tuning_cost(trials, best, own, wall))
+                        wall_time=wall, cost=tuning_cost(trials, best, own, wall, remeasured=remeasured))

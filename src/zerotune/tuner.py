@@ -9,6 +9,7 @@ from typing import Any
 from . import hardware
 from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .cluster import Cluster, check_counts
+from .confirm import confirm
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
 from .cost import tuning_cost
@@ -185,10 +186,17 @@ class Autotuner:
         record.clear_outputs()
         record.write_session("running")
         run = PhaseRun(self, record, start)
+        confirmation = None
         try:
             for phase, stopper in self._phases(searcher, record):
                 if not run.run(phase, stopper):
                     break
+            if (choice := choose_best(record.trials, at.metric)) is not None:
+                if self.time_budget and time.monotonic() - start > self.time_budget:
+                    record.note("the configurations within noise of the best were not measured again: the time "
+                                "budget is spent")
+                else:
+                    confirmation = confirm(self, record, choice)
         except BaseException:
             self.launcher.close()
             try:
@@ -200,19 +208,23 @@ class Autotuner:
         wall = time.monotonic() - start
         trials = record.trials
         choice = choose_best(trials, at.metric)
-        notes = record.notes + ([choice.note] if choice and choice.note else [])
-        best_config = self.final_config(choice.best.spec) if choice else None
         best = choice.best if choice else None
+        if confirmation is not None and confirmation.best is not None:
+            best = next(t for t in trials if t.name == confirmation.best)
+        notes = record.notes + ([confirmation.note] if confirmation is not None
+                                else [choice.note] if choice and choice.note else [])
+        best_config = self.final_config(best.spec) if best else None
+        remeasured = confirmation.runs if confirmation is not None else []
         self.result = TuningResult(metric=at.metric, trials=list(trials), best=best,
                                    best_config=best_config, results_dir=self.results_dir, notes=notes,
                                    wall_time=wall, launched=record.launched,
-                                   cost=tuning_cost(trials, best, self.own_spec, wall))
-        record.write_session("finished", wall=wall, notes=notes, best=choice.best.name if choice else None,
-                             best_config=best_config)
+                                   cost=tuning_cost(trials, best, self.own_spec, wall, remeasured=remeasured))
+        record.write_session("finished", wall=wall, notes=notes, best=best.name if best else None,
+                             best_config=best_config, remeasured=[r.to_dict() for r in remeasured])
         from .report import write_outputs
 
         write_outputs(self)
-        if choice is None:
+        if best is None:
             raise NoFeasibleConfigError(
                 "no configuration ran successfully: " + "; ".join(f"{t.name}: {t.state.value} ({t.reason})"
                                                                for t in trials[-3:])
@@ -252,12 +264,22 @@ class Autotuner:
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),
-                       measure=self.measure, config=cfg, **self.warm_plan())
+                       measure=self.measure, config=cfg, work_dir=record.store.root, **self.warm_plan())
         exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
         write_json(d / "exp.json", exp)
         if "exps_dir" in at.model_fields_set:  # DeepSpeed's layout, when the user asked for it
             Path(at.exps_dir).mkdir(parents=True, exist_ok=True)
             write_json(Path(at.exps_dir) / f"{spec.name}.json", exp)
+        return job
+
+    def make_confirm_job(self, record: TuningRecord, spec: TrialSpec, round_: int) -> TrialJob:
+        """A re-measurement of a finished trial (round ``round_``), in a folder inside its own."""
+        job = self.make_job(record, spec, self.config_for(spec))
+        d = job.trial_dir / f"confirm{round_}"
+        if d.is_symlink() or (d.exists() and not d.is_dir()):
+            d.unlink()  # a link is replaced, never followed
+        d.mkdir(exist_ok=True)
+        job.trial_dir, job.slot = d, self.slots[0]
         return job
 
     def warm_plan(self) -> dict[str, Any]:

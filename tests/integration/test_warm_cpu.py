@@ -3,6 +3,7 @@ habits of real scripts (DataLoader workers, atexit hooks, destroy_process_group,
 catch-all except) keep or retire the processes as they should; a ZeRO-1 trial run warm after a
 ZeRO-3 one trains exactly as it does cold."""
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -47,7 +48,10 @@ def test_script_habits_keep_the_processes_warm_and_training_identical_to_cold(tm
     habits = ["--workers", "2", "--atexit", "--destroy"]
     launcher = LocalLauncher(device="cpu")
     try:
-        z3 = launcher.run(job(tmp_path, "z3", 3, habits))
+        # The tuner runs each phase's trials in worker threads that end with the phase; the warm
+        # processes a thread started must outlive it (Linux's parent-death signal is per thread).
+        with ThreadPoolExecutor(max_workers=1) as phase:
+            z3 = phase.submit(launcher.run, job(tmp_path, "z3", 3, habits)).result()
         z1 = launcher.run(job(tmp_path, "z1", 1, habits))
         ends = launcher.run(job(tmp_path, "ends", 0, ["--exit-after", "3"], max_seconds=600))
     finally:

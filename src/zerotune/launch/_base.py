@@ -39,6 +39,9 @@ class TrialJob:
     warm: bool = False
     """Run in the slot's warm processes (launched once, serving trial after trial) where the
     launcher has them; else in processes of its own."""
+    work_dir: Path | None = None
+    """The results folder: where the launcher keeps what outlives one trial (the warm processes'
+    folders); None: the trial folder's parent."""
     cold_reason: str = ""
     """Why the trial runs cold although warm trials were asked for (said in the summary)."""
     probe_fields: dict[str, Any] = field(default_factory=dict)

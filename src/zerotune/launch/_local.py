@@ -5,6 +5,7 @@ import os
 import shlex
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..store import write_atomic, write_json
@@ -34,6 +35,9 @@ class LocalLauncher(SupervisingLauncher):
         self.warm_cap = warm_cap
         self._warm: dict[int, WarmGroup] = {}
         self._pools = 0
+        self._spawner: ThreadPoolExecutor | None = None
+        """Starts warm processes: they are told to die with the thread that started them
+        (die_with_parent), so it must outlive the trial threads, which end with each phase."""
 
     def run(self, job: TrialJob) -> TrialResult:
         extra = {}
@@ -135,7 +139,7 @@ class LocalLauncher(SupervisingLauncher):
         return ""
 
     def _start_group(self, job: TrialJob, d: Path, env: dict[str, str], sig: str) -> WarmGroup:
-        root = d.parent / WARM_DIR
+        root = (job.work_dir or d.parent) / WARM_DIR
         if self._pools == 0 and root.is_dir() and not root.is_symlink():
             shutil.rmtree(root, ignore_errors=True)  # an earlier tuning's pools: logs only
         if root.is_symlink():
@@ -149,8 +153,13 @@ class LocalLauncher(SupervisingLauncher):
             visible_gpus(job.num_gpus) if self.device == "cuda" else None)
         port = free_port()
         argv = launcher_argv(job.num_gpus, port, gpus)
-        group = ProcessGroup(argv, env={**env, "ZEROTUNE_PROBE": str(pool / "serve.json")},
-                             log=pool / "launcher.log", cores=slot.devices if slot is not None and slot.pinned else None)
+        with self._lock:
+            if self._spawner is None:
+                self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerotune-warm")
+            spawner = self._spawner
+        group = spawner.submit(ProcessGroup, argv, env={**env, "ZEROTUNE_PROBE": str(pool / "serve.json")},
+                               log=pool / "launcher.log",
+                               cores=slot.devices if slot is not None and slot.pinned else None).result()
         warm = WarmGroup(pool=pool, group=group, port=port, signature=sig, world=job.num_gpus,
                          started_as=started_as_text(argv, pool))
         with self._lock:
@@ -173,6 +182,10 @@ class LocalLauncher(SupervisingLauncher):
         for key in list(self._warm):
             self.retire(key, "the tuning ended")
         super().close()
+        with self._lock:
+            spawner, self._spawner = self._spawner, None
+        if spawner is not None:
+            spawner.shutdown(wait=True)
 
     def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str]) -> int:
         env = trial_env(num_gpus, self.device, {**extra_env, "ZEROTUNE_PROBE": str(probe_spec.resolve())})

@@ -1,0 +1,79 @@
+"""A confirmed choice: the configurations within noise of the best are measured again,
+interleaved, and the choice is made on those figures."""
+from dataclasses import replace
+
+from fakes import FakeLauncher, FakeMachine
+from zerotune import load_results
+from zerotune.confirm import combined
+from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+
+
+class DriftingLauncher(FakeLauncher):
+    """First measurements from ``machine``; re-measurements (confirm folders) from ``again``."""
+
+    def __init__(self, machine, again):
+        super().__init__(machine)
+        self.again = again
+
+    def run(self, job):
+        if job.trial_dir.name.startswith("confirm"):
+            first, self.machine = self.machine, self.again
+            try:
+                return super().run(job)
+            finally:
+                self.machine = first
+        return super().run(job)
+
+
+def test_ties_are_measured_again_interleaved_and_the_choice_made_on_those(tuner_factory):
+    # Stages 1 and 2 look tied at first (wide intervals; stage 2 chosen for its headroom); measured
+    # again, stage 1 is clearly faster.
+    first = FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05)
+    again = FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)
+    launcher = DriftingLauncher(first, again)
+    tuner = tuner_factory(launcher=launcher, config={"zero_optimization": {"stage": [1, 2]},
+                                                     "train_micro_batch_size_per_gpu": 8})
+    result = tuner.tune()
+    confirms = [j for j in launcher.jobs if j.trial_dir.name.startswith("confirm")]
+    names = [j.spec.name for j in confirms]
+    assert len(confirms) == 4 and names[:2] == names[2:] and len(set(names)) == 2  # A B A B
+    assert [j.trial_dir.name for j in confirms] == ["confirm1", "confirm1", "confirm2", "confirm2"]
+    assert result.best.spec.stage == 1
+    note = next(n for n in result.notes if n.startswith("confirmed:"))
+    assert "(A B A B)" in note and "the others are slower beyond noise" in note and "(on the first measurements: z2_mb8_gas4)" in note
+    assert result.cost.remeasured == 4 and "4 re-measurement(s)" in result.cost.lines()[0]
+    assert any(e.kind == "confirm" for e in tuner.events)
+    # Read back from disk: the same, confirmed choice, and the re-measurements in the cost.
+    loaded = load_results(tuner.results_dir)
+    assert loaded.best.name == result.best.name and loaded.cost.remeasured == 4
+    assert (tuner.results_dir / result.best.name / "confirm2").is_dir()
+
+
+def test_a_clear_winner_is_not_measured_again(tuner_factory):
+    tuner = tuner_factory(machine=FakeMachine(speed={1: 1.5, 2: 1.0}, rel_ci=0.01),
+                          config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
+    result = tuner.tune()
+    assert not any(j.trial_dir.name.startswith("confirm") for j in tuner.launcher.jobs)
+    assert result.cost.remeasured == 0 and not any(n.startswith("confirmed") for n in result.notes)
+
+
+def test_a_failed_re_measurement_drops_that_candidate(tuner_factory):
+    first = FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05)
+    again = FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.01, crash={"z2_mb8_gas4"})
+    tuner = tuner_factory(launcher=DriftingLauncher(first, again),
+                          config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
+    result = tuner.tune()
+    assert result.best.spec.stage == 1
+    assert any("re-measuring failed for z2_mb8_gas4" in n for n in result.notes)
+
+
+def test_combined_measurement_is_the_mean_with_a_narrower_interval():
+    def run(step, ci):
+        m = Measurement(samples_per_step=8, step_time_mean=step, step_time_std=ci, step_time_ci95=ci,
+                        steps_measured=5, stable=True, timed_seconds=5 * step)
+        return TrialResult(spec=TrialSpec(stage=0, micro_batch=8), state=TrialState.OK, measurement=m)
+
+    m = combined([run(1.0, 0.04), run(1.2, 0.04)])
+    assert abs(m.step_time_mean - 1.1) < 1e-12 and abs(m.step_time_ci95 - 0.04 / 2 ** 0.5) < 1e-12
+    assert m.steps_measured == 10 and abs(m.timed_seconds - 11.0) < 1e-12
+    assert replace(m).samples_per_step == 8
