@@ -97,3 +97,13 @@ def test_autotuning_section_is_removed_from_base_config():
     r = req({"autotuning": {"fast": True}, "fp16": {"enabled": True}})
     assert "autotuning" not in r.base(0) and r.base(0)["fp16"] == {"enabled": True}
     assert json.dumps(r.base(0))
+
+
+def test_a_null_in_the_micro_batch_list_is_a_clear_error():
+    import pytest
+
+    from zerotune._errors import ConfigError
+    from zerotune.config import parse_request
+
+    with pytest.raises(ConfigError, match="holds null"):
+        parse_request({"train_micro_batch_size_per_gpu": [None, 1]}, world_size=1)

@@ -206,3 +206,32 @@ def test_the_micro_step_estimate_covers_the_whole_step_mean():
         whole = [sum(rng.gauss(1.0, 0.05) for _ in range(g - 1)) + rng.gauss(3.0, 0.15) for _ in range(300)]
         hits += abs(mean - sum(whole) / len(whole)) <= ci
     assert 0.90 <= hits / runs <= 0.995, hits / runs
+
+
+def test_settled_at_ends_warm_up_where_two_step_times_agree():
+    from zerotune.probe._hooks import settled_at
+
+    ends = clock([9.0, 4.0, 2.0, 1.0, 1.05, 1.0])  # the first steps slow (compilation, caches)
+    assert settled_at(ends[1:]) == 3  # steps 4 and 5 agree: timed from step 4 on
+    assert settled_at(clock([5.0, 1.0, 1.0])[1:]) == 1  # settled at once: only the first step warms up
+    assert settled_at(clock([5.0, 1.0])[1:]) is None  # not yet known
+    assert settled_at(clock([1, 2] * 20)[1:], limit=10) == 10  # never settles: capped
+
+
+def test_adaptive_warm_up_times_from_the_settled_step(probe_factory, tmp_path):
+    # Step ends after the start: slow first steps, then a steady 1 s.
+    ends = clock([8.0, 3.0] + [1.0] * 40)
+    probe = probe_factory([0.0] + ends[1:], adaptive_warmup=True, warmup_steps=2)
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), 40)
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert out["adaptive_warmup"] and out["warmup_steps"] == 2
+    assert out["intervals"] and all(abs(i - 1.0) < 1e-9 for i in out["intervals"])  # the 3 s step is not timed
+
+
+def test_fixed_warm_up_is_kept_when_asked_for(probe_factory, tmp_path):
+    ends = clock([1.0] * 40)
+    probe = probe_factory([0.0] + ends[1:], warmup_steps=5)
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), 40)
+    assert json.loads((tmp_path / "rank0.json").read_text())["warmup_steps"] == 5

@@ -167,3 +167,13 @@ def test_a_full_disk_is_a_clear_error_that_loses_nothing(tuner_factory, monkeypa
     again = tuner_factory(results_dir=root)
     again.tune()
     assert not finished & {j.spec.name for j in again.launcher.jobs}  # resumed, nothing rerun
+
+
+def test_warm_up_adapts_unless_start_profile_step_is_given(tuner_factory, tmp_path):
+    adaptive = tuner_factory()
+    adaptive.tune()
+    assert all(j.adaptive_warmup and j.probe_spec(j.trial_dir)["adaptive_warmup"] for j in adaptive.launcher.jobs)
+    fixed = tuner_factory({"start_profile_step": 4, "end_profile_step": 8}, results_dir=tmp_path / "fixed")
+    fixed.tune()
+    assert all(not j.adaptive_warmup and j.warmup_steps == 3 for j in fixed.launcher.jobs)
+    assert adaptive.identity().measure["warmup"] == "adaptive" and fixed.identity().measure["warmup"] == "fixed"

@@ -181,6 +181,9 @@ def _parse_micro_batches(value: Any) -> list[int] | None:
     if not values:
         raise ConfigError("train_micro_batch_size_per_gpu: an empty list gives nothing to search; use a positive "
                           'integer, a list of them, or "auto" to let zerotune search')
+    if any(v is None for v in values):
+        raise ConfigError("train_micro_batch_size_per_gpu: a list holds null; list positive integers (or give "
+                          '"auto" to let zerotune search)')
     return sorted({batch_count(v, "train_micro_batch_size_per_gpu", MAX_MICRO_BATCH) for v in values
                    if v != "auto"} or ()) or None
 

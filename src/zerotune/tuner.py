@@ -162,7 +162,8 @@ class Autotuner:
         code, args = self.target.identity()
         return Identity(code=code, args=args, topology=self.cluster.topology(),
                         measure={"precision": self.measure.precision, "max_seconds": self.measure.max_seconds,
-                                 "start_profile_step": at.start_profile_step, "end_profile_step": at.end_profile_step},
+                                 "start_profile_step": at.start_profile_step, "end_profile_step": at.end_profile_step,
+                                 "warmup": "adaptive" if self.adaptive_warmup else "fixed"},
                         failure={"trial_timeout": self.measure.trial_timeout,
                                  "stall_timeout": self.measure.stall_timeout, "budget": self.budget})
 
@@ -263,6 +264,7 @@ class Autotuner:
                        probe_fields=self.target.probe_fields(config),
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
+                       adaptive_warmup=self.adaptive_warmup,
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),
                        measure=self.measure, config=cfg, work_dir=record.store.root, **self.warm_plan())
         exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
@@ -281,6 +283,11 @@ class Autotuner:
         d.mkdir(exist_ok=True)
         job.trial_dir, job.slot = d, self.slots[0]
         return job
+
+    @property
+    def adaptive_warmup(self) -> bool:
+        """Warm-up ends when step times settle, unless the user fixed it with start_profile_step."""
+        return "start_profile_step" not in self.request.autotuning.model_fields_set
 
     def warm_plan(self) -> dict[str, Any]:
         """Whether trials run warm, and why not where they cannot."""

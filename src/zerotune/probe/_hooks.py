@@ -13,6 +13,26 @@ from ._memory import MemoryReader
 from ._stats import estimate_is_stable, is_stable, step_estimate, summarize
 
 
+SETTLE = 0.15
+"""Warm-up ends at the first two consecutive step times within this fraction of each other."""
+MAX_WARMUP = 10
+"""Steps after which timing starts even if step times never settled (the interval then shows it)."""
+
+
+def settled_at(times: list[float], limit: int = MAX_WARMUP) -> int | None:
+    """Adaptive warm-up: the number of optimizer steps before timing starts, given when each step
+    ended. The first step (one-time costs: compilation, caches, the allocator) is always warm-up;
+    after it, warm-up ends where two consecutive step times agree within SETTLE, both then timed.
+    None while nothing has settled yet (and fewer than ``limit`` steps ran)."""
+    for i in range(1, len(times) - 1):
+        a, b = times[i] - times[i - 1], times[i + 1] - times[i]
+        if abs(a - b) <= SETTLE * max(a, b):
+            return i
+        if i >= limit:
+            return limit
+    return None
+
+
 def _first_tensor(args, kwargs, torch):
     for value in list(args) + list(kwargs.values()):
         if isinstance(value, torch.Tensor):
@@ -67,6 +87,7 @@ class StepProbe:
         self.batch_note = ""
         self.memory: MemoryReader | None = None
         self.engine = None
+        self._warmup: int | None = None
         self.start = time.perf_counter()
         self.heartbeat = self.out / f"rank{rank}.progress"
 
@@ -93,10 +114,11 @@ class StepProbe:
                 self.observed_batch = int(tensor.shape[0])
                 if tensor.dim() == 2 and not tensor.is_floating_point():
                     self.tokens_per_sample = int(tensor.shape[1])
-        # Profile one forward during warm-up (the second optimizer step when there are two warm-up
-        # steps, else the first), never in a timed step.
+        # Profile one forward during warm-up (the second optimizer step when there are two fixed
+        # warm-up steps, else the first, which is always warm-up), never in a timed step.
+        first = 0 if self.spec.get("adaptive_warmup") else min(1, self.spec["warmup_steps"] - 1)
         return (self.spec.get("profile_flops", True) and self.flops_note == "not profiled"
-                and len(self.times) == min(1, self.spec["warmup_steps"] - 1))
+                and len(self.times) == first)
 
     def after_micro(self, engine) -> None:
         """Called after every micro-step that is not a gradient-accumulation boundary."""
@@ -133,14 +155,23 @@ class StepProbe:
             self.finish("ok", "")
 
     # -- decisions ---------------------------------------------------------------------------
+    def warmup(self) -> int:
+        """Optimizer steps of warm-up: the fixed count asked for (start_profile_step), or, where
+        the user left it, as many as step times need to settle (see settled_at); until they
+        have, every step so far."""
+        if not self.spec.get("adaptive_warmup"):
+            return max(1, self.spec["warmup_steps"])
+        if self._warmup is None:
+            self._warmup = settled_at(self.times)
+        return self._warmup if self._warmup is not None else max(1, len(self.times))
+
     def intervals(self) -> list[float]:
-        warmup = self.spec["warmup_steps"]
         t = self.times
-        return [t[i] - t[i - 1] for i in range(max(1, warmup), len(t))]
+        return [t[i] - t[i - 1] for i in range(self.warmup(), len(t))]
 
     def parts(self) -> tuple[list[float], list[float]]:
         """Durations of the plain and the boundary micro-steps after warm-up."""
-        warmup, seen, plain, boundary, prev = max(1, self.spec["warmup_steps"]), 0, [], [], None
+        warmup, seen, plain, boundary, prev = self.warmup(), 0, [], [], None
         for t, is_boundary in self.micro_ends:
             if seen >= warmup:
                 (boundary if is_boundary else plain).append(t - prev)
@@ -173,7 +204,7 @@ class StepProbe:
         if self._cannot_win(iv):
             self.early_stop = True
             return True
-        measuring = self.times[-1] - self.times[min(len(self.times), max(1, self.spec["warmup_steps"])) - 1]
+        measuring = self.times[-1] - self.times[min(len(self.times), self.warmup()) - 1]
         return len(iv) >= self.spec["max_steps"] or (len(iv) >= 2 and measuring >= self.spec["max_seconds"])
 
     def _cannot_win(self, iv: list[float]) -> bool:
@@ -224,7 +255,8 @@ class StepProbe:
             gas = engine.gradient_accumulation_steps()
         return {
             "rank": self.rank, "state": state, "reason": reason, "early_stop": self.early_stop,
-            "times": self.times, "intervals": self.intervals(), "warmup_steps": self.spec["warmup_steps"],
+            "times": self.times, "intervals": self.intervals(), "warmup_steps": self.warmup(),
+            "adaptive_warmup": bool(self.spec.get("adaptive_warmup")),
             # With accumulation, the step time estimated from its micro-steps; else None (whole steps).
             "estimate": list(self.estimate()) if self.intervals() and self.accumulation() > 1 else None,
             "micro_steps": dict(zip(("plain", "boundary"), map(len, self.parts()))),
