@@ -10,7 +10,7 @@
    (no engine left alive, no retirement), thread and fd counts constant after the first trial
    of each kind, and the RSS after teardown back at its level after the first of each kind.
 
-    DS_ACCELERATOR=cpu python bench/warm_vs_cold.py [--model tiny] [--soak 30] [--skip-choice]
+    DS_ACCELERATOR=cpu python bench/warm_vs_cold.py [--model small] [--soak 30] [--skip-choice]
 
 Last line: warm_vs_cold: overhead_ratio=<warm/cold> agree=<k>/<n> same_choice=<yes|no|skipped>
 time_ratio=<warm/cold tuning> soak_clean=<k>/<n> rss_growth_mb=<after all kinds seen>
@@ -145,7 +145,7 @@ def soak(out: Path, args) -> tuple[int, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny", choices=["tiny", "small", "medium"])
+    p.add_argument("--model", default="small", choices=["tiny", "small", "medium"])
     p.add_argument("--num-gpus", type=int, default=2)
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--soak", type=int, default=30)

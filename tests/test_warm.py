@@ -268,3 +268,9 @@ def test_cli_cold_trials_flag_reaches_the_tuner(monkeypatch, tmp_path, script, m
         with pytest.raises(Stop):
             cli.main(["tune", *flag, str(script), "--deepspeed_config", str(make_config(None))])
         assert seen["warm_trials"] is expect
+
+
+def test_hpz_trials_run_cold_and_say_why(tuner_factory):
+    tuner = tuner_factory(config={"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})
+    tuner.tune()
+    assert all(not j.warm and "hpZ" in j.cold_reason for j in tuner.launcher.jobs)

@@ -266,7 +266,7 @@ class Autotuner:
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        adaptive_warmup=self.adaptive_warmup,
                        min_steps=max(3, at.end_profile_step - at.start_profile_step),
-                       measure=self.measure, config=cfg, work_dir=record.store.root, **self.warm_plan())
+                       measure=self.measure, config=cfg, work_dir=record.store.root, **self.warm_plan(cfg))
         exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
         write_json(d / "exp.json", exp)
         if "exps_dir" in at.model_fields_set:  # DeepSpeed's layout, when the user asked for it
@@ -289,12 +289,18 @@ class Autotuner:
         """Warm-up ends when step times settle, unless the user fixed it with start_profile_step."""
         return "start_profile_step" not in self.request.autotuning.model_fields_set
 
-    def warm_plan(self) -> dict[str, Any]:
-        """Whether trials run warm, and why not where they cannot."""
+    def warm_plan(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Whether the trial of ``cfg`` runs warm, and why not where it cannot."""
         if not self.warm_trials:
             return {"warm": False, "cold_reason": "cold trials were asked for (--cold-trials, warm_trials: false)"}
         if self.cluster.multinode:
             return {"warm": False, "cold_reason": "warm trials run on one node only"}
+        hpz = (cfg.get("zero_optimization") or {}).get("zero_hpz_partition_size", 1)
+        if isinstance(hpz, (int, float)) and hpz > 1:
+            # DeepSpeed keeps hpZ's process group for the process and asserts there is none on a
+            # second engine.
+            return {"warm": False, "cold_reason": "ZeRO++ hpZ (zero_hpz_partition_size) builds its group once per "
+                                                  "process"}
         return {"warm": True}
 
     def mapped_args(self, spec: TrialSpec) -> dict[str, str]:

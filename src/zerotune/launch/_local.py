@@ -140,13 +140,14 @@ class LocalLauncher(SupervisingLauncher):
 
     def _start_group(self, job: TrialJob, d: Path, env: dict[str, str], sig: str) -> WarmGroup:
         root = (job.work_dir or d.parent) / WARM_DIR
-        if self._pools == 0 and root.is_dir() and not root.is_symlink():
-            shutil.rmtree(root, ignore_errors=True)  # an earlier tuning's pools: logs only
-        if root.is_symlink():
-            root.unlink()
-        self._pools += 1
-        pool = root / f"slot{_slot_key(job)}-{self._pools}"
-        pool.mkdir(parents=True, exist_ok=True)
+        with self._lock:  # slots start their groups from their own threads
+            if self._pools == 0 and root.is_dir() and not root.is_symlink():
+                shutil.rmtree(root, ignore_errors=True)  # an earlier tuning's pools: logs only
+            if root.is_symlink():
+                root.unlink()  # a link is replaced, never followed
+            self._pools += 1
+            pool = root / f"slot{_slot_key(job)}-{self._pools}"
+            pool.mkdir(parents=True, exist_ok=True)
         write_json(pool / "serve.json", {"mode": "serve", "pool": str(pool)})
         slot = job.slot
         gpus = list(slot.devices) if slot is not None and self.device == "cuda" else (
