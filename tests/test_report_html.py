@@ -134,3 +134,19 @@ def test_a_report_of_thousands_of_trials_has_bounded_figures(tmp_path):
     for png in ("throughput", "memory", "timeline"):
         width, height = struct.unpack(">II", (root / "report" / f"{png}.png").read_bytes()[16:24])
         assert width <= 1200 and height <= 2400, (png, width, height)
+
+
+def test_report_says_how_each_trial_started(tmp_path, make_config, gpu_node, script):
+    class StartingLauncher(FakeLauncher):
+        def run(self, job):
+            r = super().run(job)
+            r.start = "warm (trial 2 of its processes)" if self.jobs[1:] else "cold (new warm processes)"
+            r.retired = "<b>leak</b>" if len(self.jobs) == 2 else ""
+            return r
+
+    cfg = make_config(None, zero_optimization={"stage": [1, 2]}, train_micro_batch_size_per_gpu=8)
+    Autotuner([str(script), "--deepspeed_config", str(cfg)], num_gpus=2, memory_per_device="8GiB",
+              launcher=StartingLauncher(FakeMachine(speed={1: 1.5, 2: 1.0})), node=gpu_node,
+              results_dir=tmp_path / "results").tune()
+    text = write_report(tmp_path / "results").read_text()
+    assert "<th>processes</th>" in text and "warm (trial 2 of its processes); then retired: &lt;b&gt;leak" in text
