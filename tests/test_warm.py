@@ -274,3 +274,42 @@ def test_hpz_trials_run_cold_and_say_why(tuner_factory):
     tuner = tuner_factory(config={"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})
     tuner.tune()
     assert all(not j.warm and "hpZ" in j.cold_reason for j in tuner.launcher.jobs)
+
+
+class FakeCuda:
+    """torch.cuda as a warm process sees it on a GPU: peaks to reset, tensors still held."""
+
+    def __init__(self, allocated):
+        self.allocated, self.calls = allocated, []
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return True
+
+    def empty_cache(self):
+        self.calls.append("empty_cache")
+
+    def reset_peak_memory_stats(self):
+        self.calls.append("reset_peak_memory_stats")
+
+    def memory_allocated(self):
+        return self.allocated
+
+
+def test_gpu_peak_is_reset_and_device_memory_checked_against_its_baseline():
+    from types import SimpleNamespace
+
+    from zerotune.probe._memory import device_in_use
+
+    cuda = FakeCuda(allocated=10 << 20)
+    torch = SimpleNamespace(cuda=cuda)
+    assert reset_peak(torch) and cuda.calls == ["empty_cache", "reset_peak_memory_stats"]
+    check = LeakCheck()
+    assert check.check_device("z3", device_in_use(torch)) == ""  # the first of its kind: the baseline
+    cuda.allocated += 512 << 10  # allocator rounding: still back at the baseline
+    assert check.check_device("z3", device_in_use(torch)) == ""
+    cuda.allocated += 120 << 20  # ZeRO-3 tensors left alive
+    assert "device memory in use grew" in check.check_device("z3", device_in_use(torch))
+    assert check.check_device("z0", None) == ""  # on CPU there is no device memory to check

@@ -53,6 +53,17 @@ class LeakCheck:
     def __init__(self) -> None:
         self.baseline: dict[str, int] = {}
         self.kinds: set[str] = set()
+        self.device_baseline: dict[str, int] = {}
+
+    def check_device(self, kind: str, used: int | None) -> str:
+        """Device memory held by tensors after teardown, against its level after the first trial
+        of this kind (None on CPU: nothing to check)."""
+        if used is None:
+            return ""
+        base = self.device_baseline.setdefault(kind, used)
+        if used > base + GPU_SLACK:
+            return f"device memory in use grew from {base} to {used} bytes after teardown ({kind})"
+        return ""
 
     def check(self, kind: str, counts: dict[str, int]) -> str:
         grown = {k: (self.baseline[k], v) for k, v in counts.items()
@@ -143,7 +154,7 @@ def serve(pool: Path, rank: int, local_rank: int) -> None:
     import torch
 
     redirect(pool, f"rank{rank}")
-    leaks, seq, gpu_base = LeakCheck(), 0, {}
+    leaks, seq = LeakCheck(), 0
     while True:
         order = _next_order(pool / f"order{seq}.json")
         if order.get("exit"):
@@ -171,10 +182,7 @@ def serve(pool: Path, rank: int, local_rank: int) -> None:
         kind = str(order.get("kind", ""))
         why = why or leaks.check(kind, counts)
         used = device_in_use(torch)
-        if not why and used is not None:
-            base = gpu_base.setdefault(kind, used)
-            if used > base + GPU_SLACK:
-                why = f"device memory in use grew from {base} to {used} bytes after teardown"
+        why = why or leaks.check_device(kind, used)
         if not why and not resettable:
             why = "the peak memory reading cannot be reset in this process (/proc/self/clear_refs)"
         redirect(pool, f"rank{rank}")
