@@ -126,3 +126,8 @@ def test_trials_across_nodes_run_cold_and_say_why(tuner_factory, tmp_path):
                           multinode_launcher="torchrun")
     tuner.tune()
     assert tuner.launcher.jobs and all(not j.warm and "one node" in j.cold_reason for j in tuner.launcher.jobs)
+
+
+def test_a_hostfile_path_with_a_nul_is_a_clear_error():
+    with pytest.raises(ConfigError, match="holds a NUL"):
+        read_hostfile("hosts\x00file")

@@ -78,5 +78,6 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice) -> Confi
     if out.best != choice.best.name:
         verdict += f" (on the first measurements: {choice.best.name})"
     out.note = (f"confirmed: re-measured {len(group)} configurations within noise of each other, interleaved "
-                f"({order}): {figures}; {verdict}" + (f"; re-measuring failed for {', '.join(failed)}" if failed else ""))
+                f"({order}): {figures}; {verdict}"
+                + (f"; re-measuring failed for {', '.join(failed)}" if failed else ""))
     return out

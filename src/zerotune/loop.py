@@ -10,8 +10,9 @@ import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
-from .ranking import choose_best
+from .ranking import choose_best, fmt_metric
 from .search import EarlyStopping, Searcher, Suggestion
+from .throughput import Prediction, ThroughputModel
 from .trial import TrialResult, TrialState
 
 if TYPE_CHECKING:
@@ -25,6 +26,9 @@ class PhaseRun:
         self.tuner, self.record, self.start = tuner, record, start
         self.trials = record.trials
         self.limit_hit = False
+        self.model = ThroughputModel()
+        """Predicts each trial before it runs, verified against what it then measures."""
+        self._predictions: dict[str, Prediction | None] = {}
 
     def run(self, searcher: Searcher, stopper: EarlyStopping | None) -> bool:
         """Runs ``searcher`` to its end; False when a limit (trials, time) stopped the tuning."""
@@ -57,6 +61,9 @@ class PhaseRun:
                     suggestion, job, slot, index = running.pop(future)
                     slots.append(slot)
                     result = future.result()
+                    prediction = self._predictions.pop(result.name, None)
+                    result.predicted = prediction.throughput if prediction is not None else None
+                    self.model.verify(result.name, prediction, result)
                     self.record.save(result, job.config)
                     self.record.emit("finished", index, suggestion.spec, result)
                     stopped = self._record(searcher, stopper, result) or stopped
@@ -72,6 +79,7 @@ class PhaseRun:
     def _record(self, searcher: Searcher, stopper: EarlyStopping | None, result: TrialResult) -> bool:
         """Tell the searcher; True when the stopping rule ends the phase."""
         self.record.add(result)
+        self.model.observe(result)
         searcher.observe(result)
         choice = choose_best(self.trials, self.tuner.request.autotuning.metric)
         if choice and choice.best.name != self.record.best_name:
@@ -93,7 +101,10 @@ class PhaseRun:
             record.emit("pruned", index, spec, result, suggestion.prune_reason)
             return result
         cfg = tuner.config_for(spec)
+        prediction = self.model.predict(spec)
         if (result := record.lookup(spec, cfg)) is not None:
+            # Verified as if it ran now, so that a rerun makes the same decisions as the first run.
+            self.model.verify(spec.name, prediction, result)
             record.emit("reused", index, spec, result)
             return result
         if record.launched >= at.tuner_num_trials:
@@ -102,9 +113,33 @@ class PhaseRun:
         if tuner.time_budget and time.monotonic() - self.start > tuner.time_budget:
             record.note(f"stopped at the time budget of {tuner.time_budget:.0f} s")
             return None
+        if reason := self._predicted_loser(spec, prediction):
+            result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=reason, budget=tuner.budget,
+                                 predicted=prediction.throughput)
+            record.emit("pruned", index, spec, result, reason)
+            return result
         job = tuner.make_job(record, spec, cfg)
+        self._predictions[spec.name] = prediction
         best = choose_best(self.trials, at.metric)
         if best is not None and at.metric in ("throughput", "latency"):
             job.to_beat = {"metric": at.metric, "value": best.best.metric(at.metric)}
         record.launched += 1
         return job
+
+    def _predicted_loser(self, spec, prediction: Prediction | None) -> str:
+        """Why ``spec`` need not run: predicted slower than the best trial's lower bound even with
+        the model's largest error so far added; "" where it must run (no prediction, a model not
+        yet verified on enough trials, another metric than throughput, the user's own config)."""
+        metric = self.tuner.request.autotuning.metric
+        if prediction is None or not self.model.verified or metric != "throughput" or spec == self.tuner.own_spec:
+            return ""
+        choice = choose_best(self.trials, metric)
+        if choice is None:
+            return ""
+        best = choice.best
+        error = self.model.error
+        if prediction.throughput * (1 + error) >= best.metric(metric) - (best.metric_ci(metric) or 0.0):
+            return ""
+        return (f"throughput model: predicted {prediction.throughput:.1f} samples/s from {prediction.basis}; "
+                f"even {error:.0%} higher (the model's largest error so far) it stays below {best.name} at "
+                f"{fmt_metric(metric, best)}")

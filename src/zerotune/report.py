@@ -38,11 +38,13 @@ def summary_text(result: TuningResult) -> str:
         lines += result.cost.lines()
     lines += [f"note: {n}" for n in result.notes]
     lines.append("")
-    lines.append("trial".ljust(24) + "state".ljust(9) + "metric".ljust(30) + "steps".ljust(16) + "peak/rank".ljust(12)
-                 + "why not chosen")
+    lines.append("trial".ljust(24) + "state".ljust(9) + "metric".ljust(30) + "predicted".ljust(11) + "steps".ljust(16)
+                 + "peak/rank".ljust(12) + "why not chosen")
     for t in result.trials:
+        predicted = f"{t.predicted:.1f}" if t.predicted is not None else "-"
         lines.append(t.name.ljust(24) + t.state.value.ljust(9) + fmt_metric(result.metric, t).ljust(30)
-                     + _steps(t).ljust(16) + format_size(t.max_peak).ljust(12) + result.why_lost(t))
+                     + predicted.ljust(11) + _steps(t).ljust(16) + format_size(t.max_peak).ljust(12)
+                     + result.why_lost(t))
     return "\n".join(lines) + "\n"
 
 

@@ -97,8 +97,9 @@ def write_report(results_dir: str | Path) -> Path:
                                          if diff else "<p>no difference</p>"),
         "<h2>Throughput</h2>" + images[0], "<h2>Memory</h2>" + images[1], "<h2>Timeline</h2>" + images[2],
         "<h2>Trials</h2>" + _table(
-            ["trial", "state", result.metric, "peak/rank", "processes", "why"],
+            ["trial", "state", result.metric, "predicted", "peak/rank", "processes", "why"],
             [[t.name, t.state.value, fmt_metric(result.metric, t) if t.state.value == "ok" else "",
+              f"{t.predicted:.1f} samples/s" if t.predicted is not None else "",
               format_size(t.max_peak) if t.max_peak else "",
               t.start + (f"; then retired: {t.retired}" if t.retired else ""), result.why_lost(t)]
              for t in result.trials],

@@ -173,6 +173,8 @@ class TrialResult:
     asked for), "warm (trial N of its processes)", or "" (not launched: pruned, or older)."""
     retired: str = ""
     """Why the warm processes that ran it were ended after it ("" when they served on)."""
+    predicted: float | None = None
+    """Samples/s the throughput model predicted before it ran (or pruned it); None: no prediction."""
 
     @property
     def warm(self) -> bool:
@@ -209,7 +211,7 @@ class TrialResult:
              "peak_memory": self.peak_memory, "peak_allocated": self.peak_allocated,
              "static_memory": self.static_memory, "memory_kind": self.memory_kind,
              "num_params": self.num_params, "wall_time": self.wall_time, "budget": self.budget,
-             "start": self.start, "retired": self.retired}
+             "start": self.start, "retired": self.retired, "predicted": self.predicted}
         m = self.measurement
         if m:
             d.update({"throughput": m.throughput, "throughput_ci95": m.throughput_ci95,
@@ -235,6 +237,8 @@ class TrialResult:
         for key in ("peak_memory", "peak_allocated", "static_memory"):
             if not isinstance(d.get(key, []), list) or not all(_number(v) for v in d.get(key, [])):
                 raise ValueError(f"{key} is not a list of byte counts")
+        if d.get("predicted") is not None and not _number(d.get("predicted"), positive=True):
+            raise ValueError("predicted is not a positive number")
         for key in ("reason", "start", "retired"):
             if not isinstance(d.get(key, ""), str):
                 raise ValueError(f"{key} is not text")
@@ -246,4 +250,4 @@ class TrialResult:
                    peak_allocated=d.get("peak_allocated", []),
                    static_memory=d.get("static_memory", []), memory_kind=d.get("memory_kind", ""),
                    num_params=d.get("num_params"), wall_time=d.get("wall_time", 0.0), budget=d.get("budget"),
-                   start=d.get("start", ""), retired=d.get("retired", ""))
+                   start=d.get("start", ""), retired=d.get("retired", ""), predicted=d.get("predicted"))

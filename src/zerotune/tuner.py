@@ -192,6 +192,8 @@ class Autotuner:
             for phase, stopper in self._phases(searcher, record):
                 if not run.run(phase, stopper):
                     break
+            if line := run.model.table():
+                record.note(line)
             if (choice := choose_best(record.trials, at.metric)) is not None:
                 if self.time_budget and time.monotonic() - start > self.time_budget:
                     record.note("the configurations within noise of the best were not measured again: the time "

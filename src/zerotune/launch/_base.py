@@ -57,7 +57,8 @@ class TrialJob:
         how to measure."""
         return {"mode": "measure", "script": self.script, "args": self.script_args,
                 "local_rank_arg": self.local_rank_arg, "out_dir": str(trial_dir), "budget": self.budget,
-                "warmup_steps": self.warmup_steps, "adaptive_warmup": self.adaptive_warmup, "min_steps": self.min_steps, "max_steps": self.max_steps,
+                "warmup_steps": self.warmup_steps, "adaptive_warmup": self.adaptive_warmup,
+                "min_steps": self.min_steps, "max_steps": self.max_steps,
                 "max_seconds": self.measure.max_seconds, "rel_ci": self.measure.precision, "to_beat": self.to_beat,
                 "expect": {"stage": self.spec.stage, "micro_batch": self.spec.micro_batch,
                            "grad_accum": self.spec.grad_accum}, **self.probe_fields}

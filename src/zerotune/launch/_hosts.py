@@ -43,6 +43,9 @@ def read_hostfile(path: str | Path) -> dict[str, int]:
     except UnicodeDecodeError:
         raise ConfigError(f"--hostfile {str(p)!r} is not UTF-8 text; give a file with one 'hostname slots=N' "
                           "per line") from None
+    except ValueError:  # a NUL in the path
+        raise ConfigError(f"--hostfile {str(p)!r} is not a path (it holds a NUL character); give the path of "
+                          "a file with one 'hostname slots=N' per line") from None
     hosts: dict[str, int] = {}
     for number, raw in enumerate(lines, 1):
         line = raw.split("#", 1)[0].strip()
