@@ -77,3 +77,20 @@ def test_combined_measurement_is_the_mean_with_a_narrower_interval():
     assert abs(m.step_time_mean - 1.1) < 1e-12 and abs(m.step_time_ci95 - 0.04 / 2 ** 0.5) < 1e-12
     assert m.steps_measured == 10 and abs(m.timed_seconds - 11.0) < 1e-12
     assert replace(m).samples_per_step == 8
+
+
+def test_a_rerun_that_resumes_reuses_the_re_measurements(tuner_factory):
+    def make():
+        return tuner_factory(launcher=DriftingLauncher(FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05),
+                                                       FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)),
+                             config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
+
+    first = make()
+    best = first.tune().best.name
+    confirms = [j for j in first.launcher.jobs if j.trial_dir.name.startswith("confirm")]
+    assert confirms and all(j.measure.max_seconds <= 5.0 for j in confirms)  # short, interleaved rounds
+    again = make()
+    result = again.tune()
+    assert again.launcher.jobs == []  # nothing measured again, the re-measurements included
+    assert result.best.name == best and any("reused" in n for n in result.notes if n.startswith("confirmed:"))
+    assert result.cost.remeasured == 4

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ._errors import ZerotuneError
 from .ranking import Choice, choose_best, fmt_metric
+from .record import read_session
 from .trial import Measurement, TrialResult, TrialState
 
 if TYPE_CHECKING:
@@ -18,6 +21,9 @@ if TYPE_CHECKING:
 
 MAX_CANDIDATES = 3
 ROUNDS = 2
+CONFIRM_MAX_SECONDS = 5.0
+"""Each re-measurement measures at most this long: two interleaved rounds, not one long window,
+are what make the comparison fair, and a tie costs a few seconds per candidate to settle."""
 
 
 @dataclass(kw_only=True)
@@ -45,9 +51,27 @@ def combined(runs: list[TrialResult]) -> Measurement:
                    timed_seconds=sum(m.timed_seconds for m in ms), early_stop=False)
 
 
-def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice) -> Confirmation | None:
+def earlier_remeasurements(results_dir: Path) -> list[TrialResult]:
+    """The re-measurements the last finished tuning in ``results_dir`` made (none if unreadable)."""
+    try:
+        session = read_session(results_dir)
+    except ZerotuneError:
+        return []
+    out = []
+    for raw in session.get("remeasured") or [] if isinstance(session.get("remeasured"), list) else []:
+        try:
+            out.append(TrialResult.from_dict(raw))
+        except (ValueError, TypeError, KeyError):
+            return []  # damaged: measure again
+    return out
+
+
+def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
+            earlier: list[TrialResult] | None = None) -> Confirmation | None:
     """Re-measure ``choice.best`` and its ties (None when it has none); the choice made on the
-    re-measured figures is ``best``."""
+    re-measured figures is ``best``. ``earlier``: the last tuning's re-measurements, reused when
+    this tuning launched nothing (every trial reused: what they measured is unchanged) and they
+    re-measured the same candidates, so that a rerun that resumes measures nothing again."""
     metric = tuner.request.autotuning.metric
     if not choice.ties:
         return None
@@ -55,6 +79,13 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice) -> Confi
     group = group[:MAX_CANDIDATES]
     out = Confirmation(candidates=[r.name for r in group])
     by_name: dict[str, list[TrialResult]] = {r.name: [] for r in group}
+    expected = [r.name for _ in range(ROUNDS) for r in group]
+    if earlier and record.launched == 0 and [r.name for r in earlier] == expected:
+        for i, result in enumerate(earlier):
+            out.runs.append(result)
+            by_name[result.name].append(result)
+            record.emit("confirm", i // len(group) + 1, result.spec, result, "from disk")
+        return _decide(out, by_name, group, choice, metric, reused=True)
     for round_ in range(1, ROUNDS + 1):
         for r in group:
             job = tuner.make_confirm_job(record, r.spec, round_)
@@ -62,6 +93,11 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice) -> Confi
             out.runs.append(result)
             by_name[r.name].append(result)
             record.emit("confirm", round_, r.spec, result, f"round {round_} of {ROUNDS}")
+    return _decide(out, by_name, group, choice, metric, reused=False)
+
+
+def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: list[TrialResult], choice: Choice,
+            metric: str, *, reused: bool) -> Confirmation:
     for r in group:
         runs = by_name[r.name]
         if all(x.state is TrialState.OK and x.measurement is not None for x in runs):
@@ -78,6 +114,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice) -> Confi
     if out.best != choice.best.name:
         verdict += f" (on the first measurements: {choice.best.name})"
     out.note = (f"confirmed: re-measured {len(group)} configurations within noise of each other, interleaved "
+                + ("(by an earlier run of this tuning, reused) " if reused else "") +
                 f"({order}): {figures}; {verdict}"
                 + (f"; re-measuring failed for {', '.join(failed)}" if failed else ""))
     return out

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from . import hardware
 from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .cluster import Cluster, check_counts
-from .confirm import confirm
+from .confirm import CONFIRM_MAX_SECONDS, confirm, earlier_remeasurements
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
 from .cost import tuning_cost
@@ -185,6 +186,7 @@ class Autotuner:
         if line := record.resume_line(self.config_for):
             record.note(line)
         record.clear_outputs()
+        earlier = earlier_remeasurements(self.results_dir)  # read before this tuning's record replaces it
         record.write_session("running")
         run = PhaseRun(self, record, start)
         confirmation = None
@@ -199,7 +201,7 @@ class Autotuner:
                     record.note("the configurations within noise of the best were not measured again: the time "
                                 "budget is spent")
                 else:
-                    confirmation = confirm(self, record, choice)
+                    confirmation = confirm(self, record, choice, earlier=earlier)
         except BaseException:
             self.launcher.close()
             try:
@@ -284,6 +286,7 @@ class Autotuner:
             d.unlink()  # a link is replaced, never followed
         d.mkdir(exist_ok=True)
         job.trial_dir, job.slot = d, self.slots[0]
+        job.measure = replace(job.measure, max_seconds=min(job.measure.max_seconds, CONFIRM_MAX_SECONDS))
         return job
 
     @property
