@@ -67,7 +67,13 @@ def deepspeed_autotuner(out: Path, args, env) -> tuple[float, int, dict]:
     cfg_path.write_text(json.dumps(tuning_config(out, ROOT / "examples" / "ds_config.json"), indent=2))
     cmd = [str(BIN / "deepspeed"), "--autotuning", "tune", "--num_gpus", str(args.num_gpus),
            str(ROOT / "examples" / "gpt.py"), "--model", args.model, "--deepspeed", "--deepspeed_config", str(cfg_path)]
-    wall = run_timed(cmd, {**env, "LOCAL_SIZE": str(args.num_gpus)}, out / "deepspeed.log")
+    # DeepSpeed's autotuner requires MLFLOW_RUN_ID whenever mlflow can be imported (zerotune's
+    # tracking extra installs it): hide mlflow from it, as on a machine without it.
+    hide = out / "hide_mlflow" / "mlflow"
+    hide.mkdir(parents=True, exist_ok=True)
+    (hide / "__init__.py").write_text('raise ImportError("hidden from DeepSpeed\'s autotuner by the benchmark")\n')
+    path = os.pathsep.join(p for p in (str(hide.parent), env.get("PYTHONPATH", "")) if p)
+    wall = run_timed(cmd, {**env, "LOCAL_SIZE": str(args.num_gpus), "PYTHONPATH": path}, out / "deepspeed.log")
     results = out / "ds_results"
     trials = sum(1 for d in results.iterdir() if (d / "exp.json").exists())
     best = json.loads((results / "ds_config_optimal.json").read_text())
