@@ -313,3 +313,25 @@ def test_gpu_peak_is_reset_and_device_memory_checked_against_its_baseline():
     cuda.allocated += 120 << 20  # ZeRO-3 tensors left alive
     assert "device memory in use grew" in check.check_device("z3", device_in_use(torch))
     assert check.check_device("z0", None) == ""  # on CPU there is no device memory to check
+
+
+def test_a_file_or_link_named_warm_in_the_results_folder_is_replaced_not_followed(tmp_path):
+    from zerotune.launch._local import LocalLauncher
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for kind in ("file", "link"):
+        res = tmp_path / kind
+        res.mkdir()
+        if kind == "file":
+            (res / "_warm").write_text("not a folder")
+        else:
+            (res / "_warm").symlink_to(outside, target_is_directory=True)
+        launcher = LocalLauncher(device="cpu")
+        j = job(res, work_dir=res, num_gpus=1)
+        try:
+            launcher._start_group(j, j.trial_dir, dict(os.environ), "s")  # noqa: SLF001 -- the folder step alone
+        finally:
+            launcher.close()
+        assert (res / "_warm").is_dir() and not (res / "_warm").is_symlink()
+    assert list(outside.iterdir()) == []

@@ -57,13 +57,16 @@ def earlier_remeasurements(results_dir: Path) -> list[TrialResult]:
         session = read_session(results_dir)
     except ZerotuneError:
         return []
-    out = []
-    for raw in session.get("remeasured") or [] if isinstance(session.get("remeasured"), list) else []:
-        try:
-            out.append(TrialResult.from_dict(raw))
-        except (ValueError, TypeError, KeyError):
-            return []  # damaged: measure again
-    return out
+    return remeasured_in(session)
+
+
+def remeasured_in(session: dict) -> list[TrialResult]:
+    """The re-measurements a session (tuning.json) records; none where any is damaged."""
+    raws = session.get("remeasured")
+    try:
+        return [TrialResult.from_dict(raw) for raw in raws] if isinstance(raws, list) else []
+    except (ValueError, TypeError, KeyError):
+        return []  # damaged: measure again (and leave them out of the cost line)
 
 
 def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,

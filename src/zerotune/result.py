@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ZerotuneError
+from .confirm import remeasured_in
 from .cost import TuningCost, tuning_cost
 from .ranking import MAXIMIZE, Choice, better, choose_best, fmt_metric, within_noise
 from .record import read_session
@@ -92,12 +93,7 @@ def load_results(results_dir: str | Path) -> TuningResult:
     if choice is not None and named is not None and named is not choice.best:
         # The finished tuning confirmed its choice by re-measuring the ties (see confirm.py).
         choice = Choice(named, [t for t in choice.ties + [choice.best] if t is not named], "")
-    remeasured = []
-    for raw in session.get("remeasured") or [] if isinstance(session.get("remeasured"), list) else []:
-        try:
-            remeasured.append(TrialResult.from_dict(raw))
-        except (ValueError, TypeError, KeyError):
-            pass  # a damaged entry only loses its share of the cost line
+    remeasured = remeasured_in(session)
     best_config = None
     if choice is not None:
         saved = session.get("best_config")

@@ -143,8 +143,8 @@ class LocalLauncher(SupervisingLauncher):
         with self._lock:  # slots start their groups from their own threads
             if self._pools == 0 and root.is_dir() and not root.is_symlink():
                 shutil.rmtree(root, ignore_errors=True)  # an earlier tuning's pools: logs only
-            if root.is_symlink():
-                root.unlink()  # a link is replaced, never followed
+            if root.is_symlink() or (root.exists() and not root.is_dir()):
+                root.unlink()  # zerotune's own name in the results folder: a link or file there is replaced
             self._pools += 1
             pool = root / f"slot{_slot_key(job)}-{self._pools}"
             pool.mkdir(parents=True, exist_ok=True)
