@@ -1,10 +1,12 @@
 # make demo: set up .venv and tune the bundled GPT example on CPU with 2 processes.
-# make test: set up .venv and run the tests (unit tests, then real DeepSpeed trials on CPU).
+# make test: set up .venv with the test extras and run the tests (unit tests, then real DeepSpeed
+# trials on CPU). Only the test set-up installs anything outside .venv (the browser of the report test).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zerotune-installed
+TEST_STAMP := $(VENV)/.zerotune-test-installed
 
-.PHONY: setup demo test bench clean
+.PHONY: setup test-setup demo test bench clean
 
 setup: $(STAMP)
 
@@ -17,20 +19,27 @@ $(STAMP): pyproject.toml
 	else \
 		$(PY) -m pip install -q torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e '.[test,bench,lightning,tracking]'
-	# Debian's chromium renders report.html in the browser test (skipped where it cannot be installed).
+	$(PY) -m pip install -q -e .
+	touch $(STAMP)
+
+test-setup: $(TEST_STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,bench,lightning,tracking,hf]'
+	# A test prerequisite, not the demo's: Debian's chromium renders report.html in the browser
+	# test, which is skipped (and says so) where it cannot be installed.
 	command -v chromium >/dev/null 2>&1 || (apt-get install -y -q chromium >/dev/null 2>&1 || \
 		echo "chromium not installed: tests/test_report_browser.py will be skipped")
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
 demo: setup
 	DS_ACCELERATOR=cpu $(VENV)/bin/zerotune tune --num-gpus 2 --results-dir demo_results \
 		examples/gpt.py --deepspeed_config examples/ds_config.json
 
-test: setup
+test: test-setup
 	$(PY) -m pytest -q -ra
 
-bench: setup
+bench: test-setup
 	DS_ACCELERATOR=cpu $(PY) bench/vs_deepspeed.py
 
 clean:

@@ -90,3 +90,13 @@ def test_deepspeed_shm_buffers_of_the_trial_are_removed(tmp_path):
         p.write_bytes(b"x")
     assert remove_shm_buffers(4100, shm_dir=tmp_path) == 2
     assert not any(p.exists() for p in ours) and other.exists()
+
+
+def test_a_known_error_names_its_fix():
+    from zerotune.launch._collect import known_fix
+
+    hf_cpu = ("rank 0: AssertionError: Check batch related parameters. train_batch_size is not equal to "
+              "micro_batch_per_gpu * gradient_acc_step * world_size 8 != 8 * 1 * 2")
+    assert "leave train_batch_size out of the ds_config" in known_fix(hf_cpu)
+    assert known_fix(known_fix(hf_cpu)) == known_fix(hf_cpu)
+    assert known_fix("RuntimeError: boom") == "RuntimeError: boom"

@@ -73,8 +73,24 @@ def test_trial_config_fills_the_trial_and_leaves_auto_to_a_script_that_sets_it()
     cfg = trial_config(base, spec, dp=2)
     assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"], cfg["train_batch_size"]) == (4, 2, 16)
     assert cfg["zero_optimization"] == {"stage": 2, "overlap_comm": True}
-    hf = trial_config(base, spec, dp=2, script_sets_batch=True)
-    assert hf["train_micro_batch_size_per_gpu"] == hf["gradient_accumulation_steps"] == "auto"
+    hf = trial_config(base, spec, dp=2, script_fills={"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"})
+    assert hf["train_micro_batch_size_per_gpu"] == hf["gradient_accumulation_steps"] == hf["train_batch_size"] == "auto"
+
+
+def test_a_trial_config_gains_no_batch_key_the_script_fills():
+    """With arg_mappings, batch keys the user left out stay out (Hugging Face's Trainer refuses
+    a train_batch_size that disagrees with its own calculation); numbers stay numbers."""
+    spec = TrialSpec(stage=1, micro_batch=4, grad_accum=2)
+    mapped = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}
+    left_out = trial_config({"train_micro_batch_size_per_gpu": "auto"}, spec, dp=2, script_fills=mapped)
+    assert left_out == {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 1}}
+    numbers = trial_config({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+                            "train_batch_size": 16}, spec, dp=2, script_fills=mapped)
+    assert (numbers["train_micro_batch_size_per_gpu"], numbers["gradient_accumulation_steps"],
+            numbers["train_batch_size"]) == (4, 2, 16)
+    # Only the micro-batch mapped: the accumulation the user left out is set, so the global batch holds.
+    micro_only = trial_config({}, spec, dp=2, script_fills={"train_micro_batch_size_per_gpu"})
+    assert micro_only == {"gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}
 
 
 def test_points_are_canonical_and_map_back_from_earlier_trials():

@@ -115,6 +115,17 @@ class UserCommand:
             args = _set_arg(args, flag, value)
         return args
 
+    def option_value(self, flag: str) -> str | None:
+        """The value the user's args give ``flag`` (``--flag v`` or ``--flag=v``; the last one
+        wins, as argparse reads it), or None."""
+        value = None
+        for i, a in enumerate(self.args):
+            if a == flag and i + 1 < len(self.args):
+                value = self.args[i + 1]
+            elif a.startswith(flag + "="):
+                value = a.split("=", 1)[1]
+        return value
+
     def takes_local_rank(self) -> bool:
         """Scripts that declare --local_rank (or use HF's TrainingArguments) get it per rank."""
         if self.local_rank is not None:
@@ -127,9 +138,17 @@ class UserCommand:
 
 
 def _set_arg(args: list[str], flag: str, value: str) -> list[str]:
-    for i, a in enumerate(args):
+    """``args`` with every occurrence of ``flag`` given ``value`` (argparse reads the last one),
+    or with ``flag value`` added where it is absent."""
+    out, found, i = [], False, 0
+    while i < len(args):
+        a = args[i]
         if a == flag and i + 1 < len(args):
-            return args[:i + 1] + [value] + args[i + 2:]
+            out += [flag, value]
+            found, i = True, i + 2
+            continue
         if a.startswith(flag + "="):
-            return args[:i] + [f"{flag}={value}"] + args[i + 1:]
-    return args + [flag, value]
+            a, found = f"{flag}={value}", True
+        out.append(a)
+        i += 1
+    return out if found else out + [flag, value]

@@ -188,8 +188,11 @@ def _parse_micro_batches(value: Any) -> list[int] | None:
                    if v != "auto"} or ()) or None
 
 
-def parse_request(ds_config: dict[str, Any], *, world_size: int) -> TuningRequest:
-    """Validate ``ds_config`` for tuning on ``world_size`` processes."""
+def parse_request(ds_config: dict[str, Any], *, world_size: int,
+                  script_batch: dict[str, int] | None = None) -> TuningRequest:
+    """Validate ``ds_config`` for tuning on ``world_size`` processes. ``script_batch``: the batch
+    values the command gives the script's mapped options (arg_mappings), which set the global
+    batch where neither the config nor the autotuning section does."""
     config = load_ds_config(ds_config)
     section = config.pop("autotuning", None) or {}
     if not isinstance(section, dict):
@@ -220,6 +223,10 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int) -> TuningReques
     user_tbs = config.get("train_batch_size")
     if global_batch is None and isinstance(user_tbs, int) and not isinstance(user_tbs, bool):
         global_batch = user_tbs
+    if global_batch is None and (script_batch or {}).get("train_micro_batch_size_per_gpu"):
+        gas = config.get("gradient_accumulation_steps")
+        gas = script_batch.get("gradient_accumulation_steps") or (gas if isinstance(gas, int) else 1)
+        global_batch = script_batch["train_micro_batch_size_per_gpu"] * gas * dp
     if global_batch is not None:
         if global_batch % dp:
             raise ConfigError(f"the global batch {global_batch} cannot be split over {dp} data-parallel processes; "

@@ -218,10 +218,13 @@ def apply_overrides(config: dict[str, Any], overrides) -> dict[str, Any]:
     return cfg
 
 
-def trial_config(base: dict[str, Any], spec: TrialSpec, dp: int, *, script_sets_batch: bool = False) -> dict[str, Any]:
+def trial_config(base: dict[str, Any], spec: TrialSpec, dp: int, *,
+                 script_fills: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
     """The user's config with the trial's stage, micro-batch, accumulation and knobs filled in.
-    ``script_sets_batch``: the script receives the batch sizes as arguments (arg_mappings), so
-    the user's ``"auto"`` values stay for it to fill, as Hugging Face's Trainer does."""
+    ``script_fills``: the batch keys the script receives as arguments (arg_mappings). Then the
+    config gains no batch key the script fills itself: a mapped key and the global batch stay as
+    the user had them where they are left out or ``"auto"`` (Hugging Face's Trainer refuses
+    numbers that disagree with its arguments), and so does any other ``"auto"``."""
     cfg = apply_overrides(base, spec.overrides)
     zero = dict(cfg.get(ZERO) or {})
     zero["stage"] = spec.stage
@@ -229,8 +232,12 @@ def trial_config(base: dict[str, Any], spec: TrialSpec, dp: int, *, script_sets_
     values = {"train_micro_batch_size_per_gpu": spec.micro_batch, "gradient_accumulation_steps": spec.grad_accum,
               "train_batch_size": spec.micro_batch * spec.grad_accum * dp}
     for key, value in values.items():
-        if not (script_sets_batch and cfg.get(key) == "auto"):
-            cfg[key] = value
+        if script_fills:
+            user = cfg.get(key, "auto")  # left out: as "auto", the script's or DeepSpeed's to fill
+            derived = key in script_fills or key == "train_batch_size"
+            if user == "auto" and (derived or key in cfg):
+                continue
+        cfg[key] = value
     return cfg
 
 

@@ -43,6 +43,21 @@ class Target(abc.ABC):
         """The script's arguments for a run with the ds_config at ``config`` (``mapped``: the
         arg_mappings options with their values)."""
 
+    def arg_mappings(self, config: dict[str, Any], given: dict[str, str] | None) -> dict[str, str]:
+        """Which script options carry the micro-batch and the accumulation (``arg_mappings``):
+        the user's, or the ones the target knows its program reads."""
+        return dict(given or {})
+
+    def script_batch(self, mappings: dict[str, str]) -> dict[str, int]:
+        """The batch values the command gives the mapped options now (``{ds_config key: value}``),
+        the global batch to hold where the ds_config leaves it to the script."""
+        out = {}
+        for key, flag in mappings.items():
+            value = self.command.option_value(flag)
+            if value is not None and value.strip().isdigit() and int(value) >= 1:
+                out[key] = int(value)
+        return out
+
     def probe_fields(self, config: Path) -> dict[str, Any]:
         """What the probe in each rank needs beyond the arguments to give the run its config."""
         return {}
@@ -95,7 +110,9 @@ class ScriptTarget(Target):
 def detect(command: UserCommand, ds_config: Any, lightning: Any, *, inspect_dir: Path,
            env: dict[str, str]) -> Target:
     """The target of ``command``: the Lightning program described by ``lightning``, a Lightning
-    script found by running it up to ``trainer.fit`` (when no ds_config is given), else a script."""
+    script found by running it up to ``trainer.fit`` (when no ds_config is given), a Hugging Face
+    Trainer script (read from its source), else a script."""
+    from .hf_trainer import HfTrainerTarget, looks_like_hf_trainer
     from .lightning_job import LightningTarget, inspect_script, looks_like_lightning
 
     if lightning is None and ds_config is None and command.config_path() is None \
@@ -103,6 +120,8 @@ def detect(command: UserCommand, ds_config: Any, lightning: Any, *, inspect_dir:
         lightning = inspect_script(command.script, list(command.args), inspect_dir, env)
     if lightning is not None:
         return LightningTarget(command=command, job=lightning)
+    if looks_like_hf_trainer(command.script):
+        return HfTrainerTarget(command=command)
     return ScriptTarget(command=command)
 
 

@@ -83,6 +83,13 @@ class Autotuner:
         self.cluster = Cluster.build(num_gpus=num_gpus, **cluster_args)
         self.num_gpus, self.num_nodes, self.world = self.cluster.num_gpus, self.cluster.num_nodes, self.cluster.world
         self.request: TuningRequest = parse_request(self.user_config, world_size=self.world)
+        self.arg_mappings = self.target.arg_mappings(self.request.space_config, self.request.autotuning.arg_mappings)
+        """Script options that carry the micro-batch and accumulation: the user's arg_mappings, or
+        the ones the target knows (a Hugging Face Trainer's)."""
+        if self.arg_mappings and self.request.global_batch is None:
+            # The global batch the command trains with now, held through the mapped options.
+            self.request = parse_request(self.user_config, world_size=self.world,
+                                         script_batch=self.target.script_batch(self.arg_mappings))
         at = self.request.autotuning
         self.dp = self.world // at.mp_size
         self.budget = self._budget(memory_per_device)
@@ -250,8 +257,7 @@ class Autotuner:
 
     def config_for(self, spec: TrialSpec) -> dict[str, Any]:
         """The ds_config a trial of ``spec`` runs with."""
-        return trial_config(self.request.base(spec.stage), spec, self.dp,
-                            script_sets_batch=bool(self.mapped_args(spec)))
+        return trial_config(self.request.base(spec.stage), spec, self.dp, script_fills=set(self.arg_mappings))
 
     def final_config(self, spec: TrialSpec) -> dict[str, Any]:
         """The config to train with after choosing ``spec``, in the form the target accepts."""
@@ -309,10 +315,9 @@ class Autotuner:
         return {"warm": True}
 
     def mapped_args(self, spec: TrialSpec) -> dict[str, str]:
-        """The script options ``arg_mappings`` names, with the values of ``spec``."""
+        """The script options of :attr:`arg_mappings`, with the values of ``spec``."""
         values = {"train_micro_batch_size_per_gpu": spec.micro_batch, "gradient_accumulation_steps": spec.grad_accum}
-        return {arg: str(values[key]) for key, arg in (self.request.autotuning.arg_mappings or {}).items()
-                if key in values}
+        return {arg: str(values[key]) for key, arg in self.arg_mappings.items() if key in values}
 
     def _session_info(self) -> dict[str, Any]:
         own = self.own_spec

@@ -14,6 +14,23 @@ from ..units import format_size
 _OOM_TEXT = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
 _RETURN_CODE = re.compile(r"exits with return code = (-?\d+)|exitcode\s*:\s*(-?\d+)")
 _PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE", re.IGNORECASE)
+KNOWN_FIXES = (
+    (re.compile(r"train_batch_size is not equal to micro_batch_per_gpu \* gradient_acc_step \* world_size"),
+     "the script filled train_batch_size for another number of processes (Hugging Face's Trainer does so with "
+     '"train_batch_size": "auto" on CPU); leave train_batch_size out of the ds_config'),
+    (re.compile(r"DeepSpeed config values that mismatch TrainingArguments"),
+     "the Trainer's arguments disagree with the trial's batch values; set the batch values to \"auto\" in the "
+     "ds_config, or map them to the script's options with autotuning.arg_mappings"),
+)
+"""Errors whose fix is known: (what the error says, what to do)."""
+
+
+def known_fix(reason: str) -> str:
+    """``reason`` with the fix of a known error added."""
+    for pattern, fix in KNOWN_FIXES:
+        if pattern.search(reason) and fix not in reason:
+            return f"{reason}; fix: {fix}"
+    return reason
 
 
 def _read_ranks(trial_dir: Path, world: int) -> list[dict | None]:
@@ -96,9 +113,17 @@ def port_in_use(trial_dir: Path, world: int) -> bool:
     return any(p.exists() and _PORT_IN_USE.search(p.read_text(errors="replace")[-20000:]) for p in logs)
 
 
-def collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | None, timed_out: bool,
-            timeout: float, wall_time: float, budget: int | None, min_steps: int, rel_ci: float,
-            hung: str | None = None) -> TrialResult:
+def collect(**kw) -> TrialResult:
+    """The result of a finished trial (see :func:`_collect`), a known error's fix named in its reason."""
+    result = _collect(**kw)
+    if result.state is TrialState.CRASHED and result.reason:
+        result.reason = known_fix(result.reason)
+    return result
+
+
+def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | None, timed_out: bool,
+             timeout: float, wall_time: float, budget: int | None, min_steps: int, rel_ci: float,
+             hung: str | None = None) -> TrialResult:
     """``hung``: why the launcher ended a trial that stopped making progress."""
     ranks = _read_ranks(trial_dir, world)
     present = [r for r in ranks if r is not None]

@@ -1,0 +1,61 @@
+"""A real Hugging Face Trainer script (examples/hf_trainer.py), tuned unmodified on CPU with real
+DeepSpeed trials, then trained with `zerotune run` and with cmd_optimal.txt as written."""
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("transformers", reason="the [hf] extra (transformers, accelerate) is not installed")
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+BATCH = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+# A small GPT-2 so that two stages tune in about a minute; the command is the README's otherwise.
+MODEL = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--vocab_size", "512", "--seq_len", "64"]
+
+
+def test_trainer_script_tuned_over_two_stages_then_trained(tmp_path):
+    res = tmp_path / "results"
+    train = ["--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "4",
+             "--gradient_accumulation_steps", "2", "--max_steps", "30", "--save_strategy", "no",
+             "--report_to", "none", "--disable_tqdm", "true", *MODEL]
+    # The example's config, one micro-batch per stage to keep the test short.
+    config = json.loads((ROOT / "examples" / "ds_config_hf_trainer.json").read_text())
+    config["autotuning"].update(min_train_micro_batch_size_per_gpu=4, max_train_micro_batch_size_per_gpu=4)
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    cmd = [sys.executable, "-m", "zerotune.cli", "run", "--num-gpus", "2", "--results-dir", str(res),
+           "--precision", "0.1", str(ROOT / "examples" / "hf_trainer.py"), "--deepspeed", "ds.json", *train]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((res / "results.json").read_text())
+    ok = [t for t in results["trials"] if t["state"] == "ok"]
+    assert {t["spec"]["stage"] for t in ok} == {1, 2}, results["trials"]
+    for t in ok:
+        spec, trial_dir = t["spec"], res / t["name"]
+        assert spec["micro_batch"] * spec["grad_accum"] * 2 == 16  # the command's global batch (4 x 2 x 2)
+        args = json.loads((trial_dir / "probe.json").read_text())["args"]
+        assert args[args.index("--per_device_train_batch_size") + 1] == str(spec["micro_batch"])
+        assert args[args.index("--gradient_accumulation_steps") + 1] == str(spec["grad_accum"])
+        config = json.loads((trial_dir / "ds_config.json").read_text())
+        # No key the Trainer fills was added: the user left train_batch_size out, "auto" stays.
+        assert "train_batch_size" not in config
+        assert config["train_micro_batch_size_per_gpu"] == config["gradient_accumulation_steps"] == "auto"
+    optimal = json.loads((res / "ds_config_optimal.json").read_text())
+    assert [optimal.get(k) for k in BATCH] == ["auto", "auto", None]
+    best = next(t for t in results["trials"] if t["name"] == results["best"])
+    assert optimal["zero_optimization"]["stage"] == best["spec"]["stage"]
+    assert f"steps=30 zero_stage={best['spec']['stage']}" in out.stdout  # `zerotune run` trained to the end
+
+    # cmd_optimal.txt, run as written by a shell, trains with the chosen arguments and config.
+    line = (res / "cmd_optimal.txt").read_text()
+    words = shlex.split(line)
+    assert words[words.index("--per_device_train_batch_size") + 1] == str(best["spec"]["micro_batch"])
+    again = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=ENV, timeout=600,
+                           cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"steps=30 zero_stage={best['spec']['stage']}" in again.stdout  # the engine's own stage
