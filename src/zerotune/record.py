@@ -174,7 +174,7 @@ class TuningRecord:
                 path.unlink()
 
 
-OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt", "summary.txt", "results.json")
+OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt", "accelerate_config_optimal.yaml", "summary.txt", "results.json")
 
 
 def read_session(root: Path) -> dict[str, Any]:

@@ -58,6 +58,14 @@ class Target(abc.ABC):
                 out[key] = int(value)
         return out
 
+    def check_cluster(self, cluster: "Cluster") -> None:
+        """Raise a ConfigError where the target cannot run on ``cluster``."""
+
+    def program_launcher(self, root: Path, ds_config: Path, num_gpus: int) -> tuple[str, ...]:
+        """The options of the program's own launcher for a run with ``ds_config`` (files it needs
+        go in the results folder ``root``); empty: DeepSpeed's per-node launcher starts the ranks."""
+        return ()
+
     def probe_fields(self, config: Path) -> dict[str, Any]:
         """What the probe in each rank needs beyond the arguments to give the run its config."""
         return {}
@@ -108,13 +116,18 @@ class ScriptTarget(Target):
 
 
 def detect(command: UserCommand, ds_config: Any, lightning: Any, *, inspect_dir: Path,
-           env: dict[str, str]) -> Target:
+           env: dict[str, str], accelerate: Any = None) -> Target:
     """The target of ``command``: the Lightning program described by ``lightning``, a Lightning
     script found by running it up to ``trainer.fit`` (when no ds_config is given), a Hugging Face
-    Trainer script (read from its source), else a script."""
+    Trainer script (read from its source), else a script. ``accelerate``: the command was
+    ``accelerate launch ...`` (an :class:`~zerotune.accelerate_job.AccelerateLaunch`)."""
     from .hf_trainer import HfTrainerTarget, looks_like_hf_trainer
     from .lightning_job import LightningTarget, inspect_script, looks_like_lightning
 
+    if accelerate is not None:
+        from .accelerate_job import AccelerateTarget
+
+        return AccelerateTarget(command=command, launch=accelerate)
     if lightning is None and ds_config is None and command.config_path() is None \
             and looks_like_lightning(command.script):
         lightning = inspect_script(command.script, list(command.args), inspect_dir, env)

@@ -11,6 +11,7 @@ from . import hardware
 from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .cluster import Cluster, check_counts
 from .confirm import CONFIRM_MAX_SECONDS, confirm, earlier_remeasurements
+from .accelerate_job import AccelerateLaunch, is_accelerate_launch
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
 from .cost import tuning_cost
@@ -67,6 +68,10 @@ class Autotuner:
                  max_concurrent_trials: int | None = None, hostfile: str | Path | None = None, include: str = "",
                  exclude: str = "", multinode_launcher: str = "pdsh", master_addr: str | None = None,
                  retry_failed: bool = False, warm_trials: bool | None = None):
+        accelerate = None
+        if not callable(command) and is_accelerate_launch(command):
+            accelerate = AccelerateLaunch.split(command)  # `accelerate launch [options] script.py ...`
+            command = list(accelerate.script_command)
         self.command = UserCommand.from_callable(command) if callable(command) else UserCommand.parse(command)
         self.node = node or hardware.detect()
         self.measure = MeasureSettings.of(precision=precision, max_seconds=max_measure_seconds,
@@ -77,10 +82,11 @@ class Autotuner:
         check_counts(num_gpus, num_nodes)  # before anything runs the script
         self.target: Target = detect(self.command, ds_config, lightning,
                                      inspect_dir=Path(results_dir or "autotuning_results") / "_inspect",
-                                     env=trial_env(1, self.node.device))
+                                     env=trial_env(1, self.node.device), accelerate=accelerate)
         num_gpus = self.target.processes(num_gpus)
         self.user_config = load_ds_config(require_config(self.target.config_source(ds_config)))
         self.cluster = Cluster.build(num_gpus=num_gpus, **cluster_args)
+        self.target.check_cluster(self.cluster)
         self.num_gpus, self.num_nodes, self.world = self.cluster.num_gpus, self.cluster.num_nodes, self.cluster.world
         self.request: TuningRequest = parse_request(self.user_config, world_size=self.world)
         self.arg_mappings = self.target.arg_mappings(self.request.space_config, self.request.autotuning.arg_mappings)
@@ -272,6 +278,7 @@ class Autotuner:
         job = TrialJob(spec=spec, trial_dir=d, script=self.target.script,
                        script_args=self.target.trial_args(config, self.mapped_args(spec)),
                        probe_fields=self.target.probe_fields(config),
+                       program_launcher=self.target.program_launcher(record.store.root, config, self.num_gpus),
                        local_rank_arg=self.command.takes_local_rank(), num_gpus=self.num_gpus, budget=self.budget,
                        warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
                        adaptive_warmup=self.adaptive_warmup,
@@ -346,6 +353,7 @@ class Autotuner:
         write_json(spec_path, {"mode": "run", "script": self.target.script,
                                "args": self.target.trial_args(config, self.mapped_args(result.best.spec)),
                                "local_rank_arg": self.command.takes_local_rank(), **self.target.probe_fields(config)})
-        code = self.launcher.run_program(spec_path, self.num_gpus, extra_env or {})
+        code = self.launcher.run_program(spec_path, self.num_gpus, extra_env or {},
+                                         self.target.program_launcher(self.results_dir, config, self.num_gpus))
         sys.stdout.flush()
         return code

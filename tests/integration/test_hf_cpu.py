@@ -59,3 +59,42 @@ def test_trainer_script_tuned_over_two_stages_then_trained(tmp_path):
                            cwd=tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"steps=30 zero_stage={best['spec']['stage']}" in again.stdout  # the engine's own stage
+
+
+def test_accelerate_script_tuned_over_two_stages_then_trained(tmp_path):
+    """`zerotune run accelerate launch --config_file acc.yaml train.py ...` on CPU, warm trials;
+    then the written `accelerate launch` command, run as written, trains with the choice."""
+    yaml = pytest.importorskip("yaml")
+    config = json.loads((ROOT / "examples" / "ds_config_accelerate.json").read_text())
+    config["zero_optimization"]["stage"] = [1, 2]
+    config["autotuning"].update(min_train_micro_batch_size_per_gpu=4, max_train_micro_batch_size_per_gpu=4)
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    acc = yaml.safe_load((ROOT / "examples" / "accelerate_deepspeed.yaml").read_text())
+    acc["deepspeed_config"]["deepspeed_config_file"] = "ds.json"
+    (tmp_path / "acc.yaml").write_text(yaml.safe_dump(acc))
+    res = tmp_path / "results"
+    script = [str(ROOT / "examples" / "accelerate_train.py"), "--model", "tiny", "--per_device_train_batch_size", "4",
+              "--gradient_accumulation_steps", "2", "--max_train_steps", "30"]
+    cmd = [sys.executable, "-m", "zerotune.cli", "run", "--results-dir", str(res), "--precision", "0.1",
+           "accelerate", "launch", "--config_file", "acc.yaml", *script]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((res / "results.json").read_text())
+    ok = [t for t in results["trials"] if t["state"] == "ok"]
+    assert {t["spec"]["stage"] for t in ok} == {1, 2}, results["trials"]
+    for t in ok:
+        cmd_txt = (res / t["name"] / "cmd.txt").read_text()
+        assert "accelerate.commands.launch" in cmd_txt and "--config_file" in cmd_txt
+    summary = (res / "summary.txt").read_text()
+    assert "1 launch(es)" in summary  # the second stage ran warm in the processes of the first
+    best = next(t for t in results["trials"] if t["name"] == results["best"])
+    stage = best["spec"]["stage"]
+    assert f"steps=30 zero_stage={stage} micro_batch=4 accumulation=2" in out.stdout  # `zerotune run` trained
+    optimal = yaml.safe_load((res / "accelerate_config_optimal.yaml").read_text())
+    assert optimal["deepspeed_config"]["deepspeed_config_file"] == str(res / "ds_config_optimal.json")
+
+    line = (res / "cmd_optimal.txt").read_text()
+    assert shlex.split(line)[2:4] == ["accelerate", "launch"]  # after DS_ACCELERATOR=cpu OMP_NUM_THREADS=1
+    again = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=ENV, timeout=600, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"steps=30 zero_stage={stage} micro_batch=4 accumulation=2" in again.stdout

@@ -49,7 +49,10 @@ class TrialJob:
     """Why the trial runs cold although warm trials were asked for (said in the summary)."""
     probe_fields: dict[str, Any] = field(default_factory=dict)
     """What the target adds to probe.json to give the run its config (a Lightning program's
-    ``lightning_config``, read by the probe's Lightning hooks)."""
+    ``lightning_config``, read by the probe's Lightning hooks; ``env`` the probe sets for the run)."""
+    program_launcher: tuple[str, ...] = ()
+    """The options of the program's own launcher (``accelerate launch``), which then starts the
+    ranks instead of DeepSpeed's per-node launcher; empty: DeepSpeed's."""
 
 
     def probe_spec(self, trial_dir: Path) -> dict[str, Any]:
@@ -77,7 +80,8 @@ class Launcher(abc.ABC):
         """Check, before any trial, that trials can start at all (tools installed, hosts
         reachable); raise a ZerotuneError that says what to fix."""
 
-    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str]) -> int:
+    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str],
+                    program: tuple[str, ...] = ()) -> int:
         """Start the probe in ``run`` mode (the user's real training) on every rank of the
         trials' topology, output to this terminal; wait for it and return its exit status."""
         raise NotImplementedError(f"{type(self).__name__} cannot run the training")

@@ -12,7 +12,7 @@ from ..store import write_atomic, write_json
 from ..trial import TrialResult, TrialState
 from ._base import TrialJob
 from ._collect import port_in_use
-from ._process import ProcessGroup, free_port, launcher_argv, remove_shm_buffers, trial_env
+from ._process import ProcessGroup, free_port, ranks_argv, remove_shm_buffers, trial_env
 from ._slots import visible_gpus
 from ._supervise import SupervisingLauncher, clear_rank_files
 from ._warm import WarmGroup, run_in_group, signature, started_as_text
@@ -69,7 +69,7 @@ class LocalLauncher(SupervisingLauncher):
         slot = job.slot
         gpus = list(slot.devices) if slot is not None and self.device == "cuda" else (
             visible_gpus(job.num_gpus) if self.device == "cuda" else None)
-        argv = launcher_argv(job.num_gpus, port, gpus)
+        argv = ranks_argv(job.program_launcher, job.num_gpus, port, gpus)
         ranks_see = [job.script] + (["--local_rank=<rank>"] if job.local_rank_arg else []) + job.script_args
         write_atomic(
             d / "cmd.txt",
@@ -153,7 +153,7 @@ class LocalLauncher(SupervisingLauncher):
         gpus = list(slot.devices) if slot is not None and self.device == "cuda" else (
             visible_gpus(job.num_gpus) if self.device == "cuda" else None)
         port = free_port()
-        argv = launcher_argv(job.num_gpus, port, gpus)
+        argv = ranks_argv(job.program_launcher, job.num_gpus, port, gpus)
         with self._lock:
             if self._spawner is None:
                 self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerotune-warm")
@@ -188,11 +188,12 @@ class LocalLauncher(SupervisingLauncher):
         if spawner is not None:
             spawner.shutdown(wait=True)
 
-    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str]) -> int:
+    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str],
+                    program: tuple[str, ...] = ()) -> int:
         env = trial_env(num_gpus, self.device, {**extra_env, "ZEROTUNE_PROBE": str(probe_spec.resolve())})
         port = free_port()
         gpus = visible_gpus(num_gpus) if self.device == "cuda" else None
-        group = ProcessGroup(launcher_argv(num_gpus, port, gpus), env=env, log=None)
+        group = ProcessGroup(ranks_argv(program, num_gpus, port, gpus), env=env, log=None)
         try:
             group.proc.wait()
         finally:

@@ -102,7 +102,9 @@ class MultiNodeLauncher(SupervisingLauncher):
                      + "".join(shlex.join(c) + "\n" for c in cmds))
         return groups
 
-    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str]) -> int:
+    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str],
+                    program: tuple[str, ...] = ()) -> int:
+        assert not program, "a program's own launcher runs on one node (its target refuses several)"
         d = probe_spec.resolve().parent / "run"
         d.mkdir(exist_ok=True)
         env = trial_env(num_gpus, self.device, {**extra_env, "ZEROTUNE_PROBE": str(probe_spec.resolve())})

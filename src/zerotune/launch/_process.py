@@ -2,6 +2,8 @@
 ended as one, heartbeats, ports and shared-memory buffers."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import base64
 import json
 import os
@@ -57,6 +59,16 @@ def launcher_argv(num_gpus: int, port: int, devices: list[int] | None = None) ->
     world = base64.urlsafe_b64encode(json.dumps({"localhost": ids}).encode()).decode()
     return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
             "--master_addr=127.0.0.1", f"--master_port={port}", "--no_local_rank", "--module", "zerotune.probe"]
+
+
+def ranks_argv(program: Sequence[str], num_gpus: int, port: int, devices: list[int] | None = None) -> list[str]:
+    """The command that starts a run's ranks on this node: DeepSpeed's per-node launcher, or
+    where ``program`` holds the options of the program's own launcher, Accelerate's."""
+    if program:
+        from ._accelerate import accelerate_argv
+
+        return accelerate_argv(program, num_gpus, port, devices)
+    return launcher_argv(num_gpus, port, devices)
 
 
 class ProcessGroup:

@@ -73,10 +73,12 @@ class WarmGroup:
 
 
 def signature(job: TrialJob, env: dict[str, str]) -> str:
-    """What warm processes must share with a trial to serve it: world size, devices, environment
-    (the tuner's own pid and the trial's probe path aside, which the ranks do not read)."""
+    """What warm processes must share with a trial to serve it: world size, devices, the launcher
+    that started them, environment (the tuner's own pid and the trial's probe path aside, which
+    the ranks do not read)."""
     slot = job.slot
     return json.dumps([job.num_gpus, list(slot.devices) if slot else None, bool(slot and slot.pinned),
+                       list(job.program_launcher),
                        sorted((k, v) for k, v in env.items() if k not in ("ZEROTUNE_PROBE",))])
 
 

@@ -58,6 +58,25 @@ def clear_deepspeed_caches() -> list[str]:
     return cleared
 
 
+def clear_library_state() -> list[str]:
+    """Empty the per-process state in which Accelerate and transformers keep a trial's DeepSpeed
+    plugin and config (else the next trial's ``Accelerator()`` gets the last one's, which the
+    probe's config check reports as a crash): reset the way their own test suites do. The
+    distributed state (Accelerate's PartialState) is kept, as the process group is."""
+    cleared = []
+    state = sys.modules.get("accelerate.state")
+    for name in ("AcceleratorState", "GradientState"):
+        reset = getattr(getattr(state, name, None), "_reset_state", None)
+        if callable(reset):
+            reset()
+            cleared.append(f"accelerate {name}")
+    hf = sys.modules.get("transformers.integrations.deepspeed")
+    if callable(unset := getattr(hf, "unset_hf_deepspeed_config", None)):
+        unset()
+        cleared.append("transformers HfDeepSpeedConfig")
+    return cleared
+
+
 def lru_cache_in(fn: Any, depth: int = 3) -> Any:
     """An ``lru_cache`` wrapper at ``fn`` or under its decorators (``__wrapped__``, or a closure
     cell: DeepSpeed's nvtx decorator keeps the function it wraps only there)."""

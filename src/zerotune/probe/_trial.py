@@ -25,6 +25,7 @@ def redirect(out: Path, stem: str) -> None:
 def run_script(spec: dict[str, Any], local_rank: int) -> None:
     """The user's script as ``__main__``, with its arguments from probe.json."""
     script = spec["script"]
+    os.environ.update(spec.get("env") or {})  # what the target's program reads its config from (Accelerate)
     sys.argv = [script] + ([f"--local_rank={local_rank}"] if spec.get("local_rank_arg") else []) + spec["args"]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")

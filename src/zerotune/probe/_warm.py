@@ -18,7 +18,7 @@ from typing import Any
 
 from ..store import write_json
 from ._memory import current_rss, device_in_use, reset_peak
-from ._sandbox import TrialSandbox, clear_deepspeed_caches
+from ._sandbox import TrialSandbox, clear_deepspeed_caches, clear_library_state
 from ._trial import redirect, run_measured
 
 ORDER_POLL = 0.02
@@ -88,7 +88,7 @@ def teardown(probe, sandbox: TrialSandbox) -> tuple[str, dict[str, Any]]:
         _destroy(ref())
     probe.engine = probe.memory = None
     restored = sandbox.exit()
-    cleared = clear_deepspeed_caches()
+    cleared = clear_deepspeed_caches() + clear_library_state()
     for _ in range(3):
         if gc.collect() == 0:
             break

@@ -1,0 +1,62 @@
+"""An Accelerate training script in the style of transformers' run_clm_no_trainer.py: an
+Accelerator, a DeepSpeed plugin from the Accelerate config, the micro-batch from the DataLoader
+and accumulation from the Accelerator. The model is the GPT of gpt.py on generated tokens. Needs
+the [hf] extra (accelerate).
+
+    zerotune tune accelerate launch --config_file examples/accelerate_deepspeed.yaml \
+        examples/accelerate_train.py --per_device_train_batch_size 8 --gradient_accumulation_steps 2
+
+then train with the command zerotune wrote (autotuning_results/cmd_optimal.txt):
+
+    accelerate launch --config_file autotuning_results/accelerate_config_optimal.yaml \
+        examples/accelerate_train.py --per_device_train_batch_size 16 --gradient_accumulation_steps 1
+"""
+import argparse
+import os
+import sys
+
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt import GPT, MODELS, SyntheticTokens  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--per_device_train_batch_size", type=int, default=8)
+    p.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    p.add_argument("--learning_rate", type=float, default=1e-3)
+    p.add_argument("--max_train_steps", type=int, default=100)
+    p.add_argument("--model", choices=sorted(MODELS), default="small")
+    args = p.parse_args()
+
+    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)
+    vocab, d_model, layers, heads, seq_len = MODELS[args.model]
+    torch.manual_seed(0)
+    model = GPT(vocab, d_model, layers, heads, seq_len)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
+    data = DataLoader(SyntheticTokens(vocab, seq_len), batch_size=args.per_device_train_batch_size)
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    step, loss = 0, None
+    model.train()
+    for tokens in data:
+        with accelerator.accumulate(model):
+            loss = model(tokens)  # the next-token loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+        if accelerator.sync_gradients:
+            step += 1
+            if step >= args.max_train_steps:
+                break
+    engine = model  # accelerate.prepare returns DeepSpeed's engine under a DeepSpeed plugin
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"loss={loss.item():.4f} steps={step} zero_stage={engine.zero_optimization_stage()} "
+              f"micro_batch={engine.train_micro_batch_size_per_gpu()} "
+              f"accumulation={engine.gradient_accumulation_steps()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
