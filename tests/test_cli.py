@@ -80,11 +80,27 @@ def test_no_script(tmp_path):
 
 def test_help_is_instant_and_lists_commands():
     out = zerotune("--help")
-    assert out.returncode == 0 and "tune" in out.stdout and "--memory-per-device" in out.stdout
+    assert out.returncode == 0 and all(c in out.stdout for c in ("tune", "run", "show", "report", "estimate"))
+
+
+def test_each_command_has_its_own_help_and_there_is_a_version():
+    from zerotune import __version__
+
+    tune = zerotune("tune", "--help")
+    assert tune.returncode == 0 and "--memory-per-device" in tune.stdout and "accelerate launch" in tune.stdout
+    assert "--params" not in tune.stdout and "--hf-config" not in tune.stdout
+    estimate = zerotune("estimate", "--help")
+    assert estimate.returncode == 0 and "--params" in estimate.stdout and "--memory-per-device" not in estimate.stdout
+    show = zerotune("show", "--help")
+    assert show.returncode == 0 and "RESULTS_DIR" in show.stdout and "--num-gpus" not in show.stdout
+    version = zerotune("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"zerotune {__version__}"
+    unknown = zerotune("tuen", "train.py")
+    assert unknown.returncode == 2 and "unknown command 'tuen'" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
 def test_script_arguments_are_not_parsed_by_zerotune():
-    from zerotune.cli import split_argv
+    from zerotune.cli_parsers import split_argv
 
     own, cmd = split_argv(["tune", "--num-gpus", "2", "train.py", "--n", "3", "--num-gpus", "9", "--help"])
     assert own == ["tune", "--num-gpus", "2"]

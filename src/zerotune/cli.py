@@ -1,124 +1,9 @@
-"""`zerotune` commands. Only argument handling and rendering live here: the work is Autotuner's."""
+"""`zerotune` commands. Only argument handling and rendering live here (the parsers in
+cli_parsers): the work is Autotuner's."""
 from __future__ import annotations
 
 import argparse
 import sys
-
-USAGE = ("zerotune {tune,run} [options] script.py [script args]   |   zerotune {show,report} RESULTS_DIR   |   "
-         "zerotune estimate (--params N | --hf-config FILE | --factory MOD:FN) [options]")
-DESCRIPTION = """Find the fastest DeepSpeed configuration for a training script on this machine.
-
-  tune   run short, measured trials of the script and write the best config
-  run    tune, then train with the best config
-  show   print the summary of a finished or interrupted tuning
-  report write RESULTS_DIR/report.html (figures embedded) and report/*.png
-  estimate  predict memory per ZeRO stage and offload, and the largest micro-batch that fits
-
-The script's own arguments (everything from script.py on) are passed through untouched; they
-must name the ds_config with --deepspeed_config PATH (or --deepspeed PATH). Its "autotuning"
-section is read with DeepSpeed's key names."""
-
-
-def _parser() -> argparse.ArgumentParser:
-    from .settings import MEASURE_DEFAULTS
-
-    p = argparse.ArgumentParser(prog="zerotune", usage=USAGE, description=DESCRIPTION, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["tune", "run", "show", "report", "estimate"])
-    p.add_argument("--num-gpus", "--num_gpus", type=int, default=None,
-                   help="processes per node (GPUs; on CPU, processes). Default: all GPUs, or 1 on CPU")
-    p.add_argument("--num-nodes", "--num_nodes", type=int, default=None,
-                   help="nodes (default: 1, or every host of --hostfile)")
-    p.add_argument("--hostfile", default=None, metavar="FILE",
-                   help="DeepSpeed hostfile ('hostname slots=N' per line) for multi-node trials")
-    p.add_argument("--include", default="", metavar="SPEC", help='hosts/slots to use, e.g. "worker-0@worker-1:0,2"')
-    p.add_argument("--exclude", default="", metavar="SPEC", help='hosts/slots not to use, e.g. "worker-1:0"')
-    p.add_argument("--launcher", default="pdsh", choices=["pdsh", "openmpi", "mpich", "mvapich", "slurm", "impi",
-                                                          "torchrun"],
-                   help="how multi-node trials start: DeepSpeed's runner with this launcher, or torchrun agents")
-    p.add_argument("--master-addr", "--master_addr", default=None, metavar="ADDR",
-                   help="rendezvous address of multi-node trials (default: the first host)")
-    p.add_argument("--memory-per-device", default=None, metavar="SIZE",
-                   help="memory budget per process, e.g. 16GB; default: GPU memory, or RAM / processes on CPU")
-    p.add_argument("--results-dir", default=None, metavar="DIR",
-                   help="where trials and outputs go (default: autotuning.results_dir, else autotuning_results)")
-    p.add_argument("--time-budget", default=None, metavar="T", help="launch no trial after this long, e.g. 20m")
-    p.add_argument("--trial-timeout", type=float, default=None, metavar="S",
-                   help=f"seconds before a trial is ended (default {MEASURE_DEFAULTS.trial_timeout:.0f})")
-    p.add_argument("--max-concurrent-trials", type=int, default=None, metavar="N",
-                   help="trials at once, each on its own GPUs (default: GPUs // --num-gpus; 1 on CPU)")
-    p.add_argument("--stall-timeout", type=float, default=None, metavar="S",
-                   help="end a trial whose training made no step on any rank for this long (a hang; default "
-                        f"{MEASURE_DEFAULTS.stall_timeout:.0f})")
-    p.add_argument("--precision", type=float, default=None,
-                   help="stop measuring a trial once the 95%% interval of its step time is within this fraction "
-                        f"(default {MEASURE_DEFAULTS.precision})")
-    p.add_argument("--overwrite", action="store_true", help="discard finished trials instead of resuming")
-    p.add_argument("--retry-failed", action="store_true",
-                   help="run again the stored trials that crashed, timed out or ran out of memory (they are reused "
-                        "otherwise, unless the timeouts or memory budget that failed them changed)")
-    p.add_argument("--cold-trials", action="store_true",
-                   help="start every trial in processes of its own (default: trials reuse warm processes, which "
-                        "saves the launch and start-up of each; also \"warm_trials\": false in the autotuning "
-                        "section)")
-    p.add_argument("--quiet", action="store_true", help="print only the result")
-    p.add_argument("--log-format", choices=["text", "json"], default="text",
-                   help="json: one JSON object per event on stdout, for machines (no other output there)")
-    p.add_argument("--tensorboard", default=None, metavar="DIR",
-                   help="also write TensorBoard scalars per trial to DIR (MLflow is used when MLFLOW_TRACKING_URI "
-                        "is set and mlflow is installed)")
-    return p
-
-
-_VALUE_OPTIONS = {"--num-gpus", "--num_gpus", "--num-nodes", "--num_nodes", "--memory-per-device", "--results-dir",
-                  "--hostfile", "--include", "--exclude", "--launcher", "--master-addr", "--master_addr",
-                  "--time-budget", "--trial-timeout", "--stall-timeout", "--precision",
-                  "--max-concurrent-trials", "--log-format", "--tensorboard"}
-
-
-def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    """zerotune's own options, and the user's command (script.py and everything after it,
-    untouched: never given to an argument parser that could abbreviate or eat it)."""
-    own: list[str] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if len(own) >= 1 and not a.startswith("-") and own[0] in ("tune", "run"):
-            return own, argv[i:]
-        own.append(a)
-        if a in _VALUE_OPTIONS and i + 1 < len(argv):
-            own.append(argv[i + 1])
-            i += 1
-        i += 1
-    return own, []
-
-
-def _estimate_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zerotune estimate", allow_abbrev=False,
-                                description="Predict per-device memory for each ZeRO stage and offload, and the "
-                                            "largest micro-batch that fits, without training.")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--params", help="parameter count, e.g. 1.3B, 350M, 7e9")
-    src.add_argument("--hf-config", metavar="FILE", help="a Hugging Face style config.json")
-    src.add_argument("--factory", metavar="MOD:FN", help="module:function or file.py:function returning the model "
-                                                         "(built on the meta device)")
-    p.add_argument("--largest-layer", help="parameters of the largest layer, e.g. 50M (with --params)")
-    p.add_argument("--activation-per-sample", metavar="SIZE", help="activation bytes per sample, e.g. 300MB")
-    p.add_argument("--seq-len", type=int, default=None, help="sequence length (with --hf-config)")
-    p.add_argument("--num-gpus", "--num_gpus", type=int, default=8, help="devices per node (default 8)")
-    p.add_argument("--num-nodes", "--num_nodes", type=int, default=1)
-    p.add_argument("--device-memory", default="80GB", metavar="SIZE", help="memory per device (default 80GB)")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="bf16")
-    p.add_argument("--overhead", default=None, metavar="SIZE",
-                   help="fixed runtime memory per device: CUDA context, allocator (default: measured with "
-                        "--profile, else 1GiB)")
-    p.add_argument("--global-batch", type=int, default=None, help="micro-batches must divide its share per device")
-    p.add_argument("--json", action="store_true", help="print JSON for machines")
-    p.add_argument("--profile", action="store_true",
-                   help="last option: --profile script.py [script args] runs one short real trial of the script "
-                        "(one process, with its --deepspeed_config) to measure parameters, activations per sample "
-                        "and overhead first")
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,14 +27,27 @@ def _error(message: object) -> str:
 
 def _main(argv: list[str]) -> int:
     from ._errors import ZerotuneError
+    from .cli_parsers import COMMANDS, TOP_HELP, estimate_parser, results_parser, split_argv, tune_parser
 
-    if argv[:1] == ["estimate"]:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(TOP_HELP, file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] in ("--version", "-V"):
+        from . import __version__
+
+        print(f"zerotune {__version__}")
+        return 0
+    if argv[0] not in COMMANDS:
+        print(_error(f"unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)} "
+                     "(zerotune --help lists them)"), file=sys.stderr)
+        return 2
+    if argv[0] == "estimate":
         own = argv[1:]
         command = []
         if "--profile" in own:  # everything after it is the user's command, untouched
             i = own.index("--profile")
             own, command = own[:i + 1], own[i + 1:]
-        args = _estimate_parser().parse_args(own)
+        args = estimate_parser().parse_args(own)
         args.command = command
         try:
             from .render import print_estimate
@@ -158,11 +56,14 @@ def _main(argv: list[str]) -> int:
         except ZerotuneError as e:
             print(_error(e), file=sys.stderr)
             return 2
-    own, command = split_argv(argv)
-    parser = _parser()
-    if own and own[0] in ("show", "report"):
-        parser.add_argument("results_dir")
-    args = parser.parse_args(own)
+    if argv[0] in ("show", "report"):
+        args = results_parser(argv[0]).parse_args(argv[1:])
+        args.command = argv[0]
+        command = []
+    else:
+        own, command = split_argv(argv)
+        args = tune_parser(own[0]).parse_args(own[1:])
+        args.command = own[0]
     try:
         if args.command == "show":
             from .render import print_summary
@@ -187,7 +88,10 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
     from .tuner import Autotuner
 
     if not command:
-        print(f"zerotune: error: no training script given\nusage: {USAGE}", file=sys.stderr)
+        from .cli_parsers import TUNE_USAGE
+
+        print(f"zerotune: error: no training script given\nusage: {TUNE_USAGE.format(name=args.command)}",
+              file=sys.stderr)
         return 2
     import signal
 

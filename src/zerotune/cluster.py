@@ -92,15 +92,20 @@ class Cluster:
         return {"device": self.device, "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
                 "hosts": [[h.name, list(h.slots)] for h in self.hosts] if self.hosts else None}
 
-    def env_words(self) -> list[str]:
-        """VAR=value words the final command needs: on CPU, DeepSpeed's CPU accelerator and the
-        threads per process that the trials ran with (the figures hold only with them)."""
+    def run_env(self) -> dict[str, str]:
+        """What the trials' environment sets that their figures depend on: on CPU, DeepSpeed's
+        CPU accelerator and the threads per process (one job ran at full speed with them and
+        several times slower without)."""
         if self.device != "cpu":
-            return []
+            return {}
         from .launch import trial_env
 
         env = trial_env(self.num_gpus, self.device)
-        return [f"{k}={shlex.quote(env[k])}" for k in ("DS_ACCELERATOR", "OMP_NUM_THREADS") if k in env]
+        return {k: env[k] for k in ("DS_ACCELERATOR", "OMP_NUM_THREADS") if k in env}
+
+    def env_words(self) -> list[str]:
+        """VAR=value words the final command needs: :meth:`run_env`, as the trials ran."""
+        return [f"{k}={shlex.quote(v)}" for k, v in self.run_env().items()]
 
     def command_line(self, script: str, args: list[str]) -> str:
         """The shell line (every word quoted) that trains ``script args`` on this cluster."""

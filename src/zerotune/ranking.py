@@ -68,12 +68,22 @@ def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
     return Choice(best, ties, note)
 
 
-def fmt_metric(metric: str, r: TrialResult) -> str:
+UNITS = {"throughput": "samples/s", "latency": "ms/step", "flops": "TFLOP/s"}
+
+
+def fmt_value(metric: str, r: TrialResult) -> str:
+    """The metric with its 95% half-width, without the unit (see UNITS; for table columns)."""
     v, ci = r.metric(metric), r.metric_ci(metric)
     if v is None:
         return "-"
     if metric == "latency":
-        return f"{v * 1000:.1f} ± {ci * 1000:.1f} ms/step"
+        return f"{v * 1000:.1f} ± {(ci or 0) * 1000:.1f}"
     if metric == "flops":
-        return f"{v / 1e12:.3f} ± {(ci or 0) / 1e12:.3f} TFLOP/s"
-    return f"{v:.1f} ± {ci:.1f} samples/s"
+        return f"{v / 1e12:.3f} ± {(ci or 0) / 1e12:.3f}"
+    return f"{v:.1f} ± {(ci or 0):.1f}"
+
+
+def fmt_metric(metric: str, r: TrialResult) -> str:
+    """The metric with its 95% half-width and unit."""
+    value = fmt_value(metric, r)
+    return value if value == "-" else f"{value} {UNITS[metric]}"

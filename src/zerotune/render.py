@@ -3,20 +3,25 @@ from __future__ import annotations
 
 import shlex
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .ranking import fmt_metric
+from .ranking import UNITS, fmt_metric
 from .terminal_text import safe
 from .result import TuningResult
 from .units import format_size
 
 
 def print_summary(result: TuningResult, console: Console | None = None) -> None:
+    """The stage table (80 columns: no vertical rules; the figures never wrap, a long trial name
+    folds), the choice with the environment its figures hold in, notes, cost."""
     console = console or Console(highlight=False)
-    table = Table(title=f"zerotune: {result.metric} by ZeRO stage")
-    for col in ("stage", "trials", "ok", "oom", "failed", "pruned", f"best {result.metric}", "best trial"):
-        table.add_column(col)
+    table = Table(title=f"zerotune: {result.metric} by ZeRO stage", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("stage", "trials", "ok", "oom", "failed", "pruned"):
+        table.add_column(col, no_wrap=True, justify="right")
+    table.add_column(f"best {UNITS[result.metric]}", no_wrap=True)
+    table.add_column("best trial", overflow="fold")
     for row in result.summary_rows():
         table.add_row(*(safe(str(row[k])) for k in ("stage", "trials", "ok", "oom", "failed", "pruned", "best",
                                                       "best_trial")))
@@ -27,6 +32,8 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
         b = result.best
         console.print(f"[bold green]best:[/] {safe(b.name)}  {fmt_metric(result.metric, b)}  "
                       f"peak {format_size(b.max_peak)}/rank")
+        if line := result.env_line():
+            console.print(safe(line))
     for note in result.notes:
         console.print(f"[dim]note:[/] {safe(note)}")  # notes quote trial reasons: never markup
     for line in result.cost.lines() if result.cost is not None else []:

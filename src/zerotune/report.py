@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .ranking import fmt_metric
+from .ranking import UNITS, fmt_metric, fmt_value
 from .result import TuningResult
 from .store import write_atomic, write_json
 from .units import format_size
@@ -20,7 +20,7 @@ def write_optimal_config(config: dict[str, Any], path: Path) -> Path:
 
 def summary_text(result: TuningResult) -> str:
     rows = result.summary_rows()
-    head = ["stage", "trials", "ok", "oom", "failed", "pruned", "best " + result.metric, "best trial"]
+    head = ["stage", "trials", "ok", "oom", "failed", "pruned", "best " + UNITS[result.metric], "best trial"]
     table = [[str(r["stage"]), str(r["trials"]), str(r["ok"]), str(r["oom"]), str(r["failed"]), str(r["pruned"]),
               r["best"], r["best_trial"]] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in table)) if table else len(h) for i, h in enumerate(head)]
@@ -31,6 +31,8 @@ def summary_text(result: TuningResult) -> str:
         b = result.best
         lines.append(f"best: {b.name}  {fmt_metric(result.metric, b)}  peak memory {format_size(b.max_peak)} "
                      f"per rank (budget {format_size(b.budget)})")
+        if line := result.env_line():
+            lines.append(line)
     else:
         lines.append("best: none (no trial succeeded)")
     lines.append(f"trials: {len(result.trials)} ({result.launched} run now), tuning time {result.wall_time:.0f} s")
@@ -38,12 +40,14 @@ def summary_text(result: TuningResult) -> str:
         lines += result.cost.lines()
     lines += [f"note: {n}" for n in result.notes]
     lines.append("")
-    lines.append("trial".ljust(24) + "state".ljust(9) + "metric".ljust(30) + "predicted".ljust(11) + "steps".ljust(16)
-                 + "peak/rank".ljust(12) + "why not chosen")
+    # The figures first, in 80 columns for the usual names; why a trial was not chosen ends the line.
+    width = max([len("trial")] + [len(t.name) for t in result.trials]) + 1
+    lines.append("trial".ljust(width) + "state".ljust(8) + UNITS[result.metric].ljust(14) + "predicted".ljust(10)
+                 + "steps".ljust(16) + "peak/rank".ljust(11) + "why not chosen")
     for t in result.trials:
         predicted = f"{t.predicted:.1f}" if t.predicted is not None else "-"
-        lines.append(t.name.ljust(24) + t.state.value.ljust(9) + fmt_metric(result.metric, t).ljust(30)
-                     + predicted.ljust(11) + _steps(t).ljust(16) + format_size(t.max_peak).ljust(12)
+        lines.append(t.name.ljust(width) + t.state.value.ljust(8) + fmt_value(result.metric, t).ljust(14)
+                     + predicted.ljust(10) + _steps(t).ljust(16) + format_size(t.max_peak).ljust(11)
                      + result.why_lost(t))
     return "\n".join(lines) + "\n"
 

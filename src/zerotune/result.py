@@ -9,7 +9,7 @@ from typing import Any
 from ._errors import ZerotuneError
 from .confirm import remeasured_in
 from .cost import TuningCost, tuning_cost
-from .ranking import MAXIMIZE, Choice, better, choose_best, fmt_metric, within_noise
+from .ranking import MAXIMIZE, Choice, better, choose_best, fmt_value, within_noise
 from .record import read_session
 from .store import SESSION, DamagedTrial, ResultStore
 from .trial import TrialResult, TrialSpec, TrialState
@@ -28,6 +28,15 @@ class TuningResult:
     """Trials actually run in this invocation (not reused from disk, not pruned)."""
     cost: TuningCost | None = None
     """Where the tuning's time went, and when the choice pays it back."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment the trials ran with that their figures depend on (CPU: OMP_NUM_THREADS)."""
+
+    def env_line(self) -> str | None:
+        """The environment named beside the choice: its figures hold only with it."""
+        if not self.env:
+            return None
+        words = " ".join(f"{k}={v}" for k, v in self.env.items())
+        return f"environment: {words} (every trial ran with it, the figures hold with it; cmd_optimal.txt sets it)"
 
     @property
     def best_metric(self) -> tuple[float, float] | None:
@@ -64,7 +73,7 @@ class TuningResult:
                          "ok": states[TrialState.OK], "oom": states[TrialState.OOM],
                          "failed": states[TrialState.CRASHED] + states[TrialState.TIMEOUT],
                          "pruned": states[TrialState.PRUNED],
-                         "best": fmt_metric(self.metric, choice.best) if choice else "-",
+                         "best": fmt_value(self.metric, choice.best) if choice else "-",
                          "best_trial": choice.best.name if choice else "-"})
         return rows
 
@@ -115,7 +124,9 @@ def load_results(results_dir: str | Path) -> TuningResult:
     except ValueError:
         own = None
     best = choice.best if choice else None
-    return TuningResult(metric=metric, trials=trials, best=best, best_config=best_config, results_dir=root,
+    env = session.get("env")
+    env = {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(env, dict) else {}
+    return TuningResult(metric=metric, trials=trials, best=best, best_config=best_config, results_dir=root, env=env,
                         notes=notes + damaged + ([choice.note] if choice and choice.note and choice.note not in notes
                                                  else []),
                         wall_time=wall, cost=tuning_cost(trials, best, own, wall, remeasured=remeasured))

@@ -235,7 +235,7 @@ class Autotuner:
         remeasured = confirmation.runs if confirmation is not None else []
         self.result = TuningResult(metric=at.metric, trials=list(trials), best=best,
                                    best_config=best_config, results_dir=self.results_dir, notes=notes,
-                                   wall_time=wall, launched=record.launched,
+                                   wall_time=wall, launched=record.launched, env=self.cluster.run_env(),
                                    cost=tuning_cost(trials, best, self.own_spec, wall, remeasured=remeasured))
         record.write_session("finished", wall=wall, notes=notes, best=best.name if best else None,
                              best_config=best_config, remeasured=[r.to_dict() for r in remeasured])
@@ -331,6 +331,7 @@ class Autotuner:
         return {"metric": self.request.autotuning.metric, "script": self.command.script,
                 "args": list(self.command.args), "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
                 "device": self.node.device, "budget": self.budget, "user_config": self.user_config,
+                "env": self.cluster.run_env(),
                 "own": own.to_dict() if own is not None else None}
 
     # -- after tuning --------------------------------------------------------------------------

@@ -1,0 +1,49 @@
+"""The summary a user reads: 80 columns without wrapped figures, and the environment the
+figures hold in named beside the choice."""
+import io
+
+from rich.console import Console
+
+from fakes import FakeLauncher
+from zerotune import Autotuner, load_results
+from zerotune.hardware import Node
+from zerotune.render import print_summary
+
+GIB = 1024**3
+
+
+def cpu_tuning(tmp_path, script, make_config, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    tuner = Autotuner([str(script), "--deepspeed_config", str(make_config())], num_gpus=2,
+                      memory_per_device="6GiB", launcher=FakeLauncher(), node=Node("cpu", 0, 0, 64 * GIB),
+                      results_dir=tmp_path / "r")
+    return tuner.tune()
+
+
+def test_the_summary_fits_80_columns_and_names_the_environment(tmp_path, script, make_config, monkeypatch):
+    result = cpu_tuning(tmp_path, script, make_config, monkeypatch)
+    out = io.StringIO()
+    print_summary(result, Console(file=out, width=80, highlight=False, color_system=None))
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    rows = [line for line in lines if line.strip()[:1].isdigit()]
+    assert len(rows) == 4  # one line per stage: no figure wrapped onto a second line
+    for row in rows:
+        assert "±" in row and row.split()[-1].startswith("z")
+    env = next(line for line in lines if line.startswith("environment:"))
+    assert "OMP_NUM_THREADS=" in env and "DS_ACCELERATOR=cpu" in env
+    assert lines.index(env) == next(i for i, line in enumerate(lines) if line.startswith("best:")) + 1
+
+    text = (tmp_path / "r" / "summary.txt").read_text().splitlines()
+    stage_table = text[:text.index("")]
+    assert all(len(line) <= 80 for line in stage_table)
+    assert "environment: DS_ACCELERATOR=cpu OMP_NUM_THREADS=" in "\n".join(text)
+    trial_head = next(line for line in text if line.startswith("trial "))
+    assert trial_head.index("why not chosen") <= 80  # the figures come first, within 80 columns
+    # `zerotune show` reads the same from disk.
+    assert load_results(tmp_path / "r").env == result.env
+
+
+def test_no_environment_line_on_gpu(tuner_factory):
+    result = tuner_factory(memory="6GiB").tune()
+    assert result.env == {} and result.env_line() is None
