@@ -105,3 +105,9 @@ def test_script_arguments_are_not_parsed_by_zerotune():
     own, cmd = split_argv(["tune", "--num-gpus", "2", "train.py", "--n", "3", "--num-gpus", "9", "--help"])
     assert own == ["tune", "--num-gpus", "2"]
     assert cmd == ["train.py", "--n", "3", "--num-gpus", "9", "--help"]
+
+
+def test_a_launcher_in_place_of_the_script_is_one_clear_error(tmp_path):
+    for launcher in ("deepspeed", "accelerate", "torchrun"):
+        out = zerotune("tune", launcher, "--num_gpus", "2", "train.py")
+        assert out.returncode == 2 and f"not the {launcher} launcher" in out.stderr and "Traceback" not in out.stderr

@@ -72,6 +72,10 @@ class UserCommand:
                               "--deepspeed_config ds.json [script args]")
         script, *args = command
         path = Path(script)
+        if path.name in ("accelerate", "deepspeed", "torchrun") and not path.is_file():
+            raise ConfigError(f"give the training script itself, not the {path.name} launcher: zerotune starts the "
+                              "processes (usage: zerotune tune [--num-gpus N] train.py [args], or zerotune tune "
+                              "accelerate launch --config_file acc.yaml train.py [args])")
         if not path.is_file():
             raise LaunchError(f"training script {script!r} does not exist; give the path of your DeepSpeed "
                               "training script (relative to this folder or absolute)")
