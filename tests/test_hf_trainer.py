@@ -66,6 +66,10 @@ def test_a_trainer_script_is_tuned_through_its_own_options(tmp_path, hf_script, 
     assert words[words.index("--per_device_train_batch_size") + 1] == str(result.best.spec.micro_batch)
     assert words[words.index("--gradient_accumulation_steps") + 1] == str(result.best.spec.grad_accum)
     assert words[words.index("--deepspeed") + 1].endswith("ds_config_optimal.json")
+    summary = (tmp_path / "r" / "summary.txt").read_text()
+    assert ("note: a Hugging Face Trainer script: each trial sets its batch through the script's options "
+            "(micro-batch --per_device_train_batch_size, accumulation --gradient_accumulation_steps); "
+            "global batch 64 held") in summary
 
 
 def test_trainer_defaults_and_left_out_keys(tmp_path, hf_script, gpu_node):

@@ -335,3 +335,19 @@ def test_a_file_or_link_named_warm_in_the_results_folder_is_replaced_not_followe
             launcher.close()
         assert (res / "_warm").is_dir() and not (res / "_warm").is_symlink()
     assert list(outside.iterdir()) == []
+
+
+def test_near_budget_only_later_trials_of_a_group_are_measured_again_cold(tmp_path, fake_group, monkeypatch):
+    """The first trial of new processes ran as a cold one does (its peak is a cold peak): no
+    second launch for it; a later trial's peak may hold memory kept from earlier ones."""
+    from zerotune.launch._local import LocalLauncher
+
+    launcher = LocalLauncher(device="cpu")
+    monkeypatch.setattr(launcher, "_start_group", lambda job, d, env, sig: fake_group)
+    cold = []
+    monkeypatch.setattr(launcher, "_remeasure_cold", lambda job, d, env, warm: cold.append(job.spec.name) or warm)
+    near = job(tmp_path, warm=True, budget=110)  # the fake ranks peak at 100: within 15% of the budget
+    first = launcher.run(near)
+    assert first.state is TrialState.OK and "cold (new warm processes" in first.start and cold == []
+    launcher.run(near)  # the same processes (their second order) serve the next trial
+    assert cold == [near.spec.name]

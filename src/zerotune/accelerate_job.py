@@ -175,6 +175,7 @@ class AccelerateTarget(Target):
 
     command: UserCommand
     launch: AccelerateLaunch
+    kind = "an Accelerate script, started by accelerate launch"
 
     def __post_init__(self) -> None:
         self.config_file, self.accelerate_config = read_accelerate_config(self.launch)

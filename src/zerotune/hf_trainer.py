@@ -42,6 +42,7 @@ class HfTrainerTarget(ScriptTarget):
     """A script that trains with Hugging Face's ``Trainer``."""
 
     command: UserCommand
+    kind = "a Hugging Face Trainer script"
 
     def arg_mappings(self, config: dict, given: dict[str, str] | None) -> dict[str, str]:
         """The Trainer's batch options; the user's own ``arg_mappings`` win key by key. (Where

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 class Target(abc.ABC):
     command: UserCommand
+    kind = "the script"
+    """What the target is, in the summary's words."""
 
     @property
     def script(self) -> str:

@@ -198,6 +198,8 @@ class Autotuner:
                         f"{self.results_dir}")
         if line := record.resume_line(self.config_for):
             record.note(line)
+        if line := self.batch_options_line():
+            record.note(line)
         record.clear_outputs()
         earlier = earlier_remeasurements(self.results_dir)  # read before this tuning's record replaces it
         record.write_session("running")
@@ -320,6 +322,15 @@ class Autotuner:
             return {"warm": False, "cold_reason": "ZeRO++ hpZ (zero_hpz_partition_size) builds its group once per "
                                                   "process"}
         return {"warm": True}
+
+    def batch_options_line(self) -> str | None:
+        """How the trials give the script its batch sizes, where through its own options."""
+        if not self.arg_mappings:
+            return None
+        names = {"train_micro_batch_size_per_gpu": "micro-batch", "gradient_accumulation_steps": "accumulation"}
+        options = ", ".join(f"{names.get(k, k)} {flag}" for k, flag in self.arg_mappings.items())
+        held = f"; global batch {self.request.global_batch} held" if self.request.global_batch else ""
+        return f"{self.target.kind}: each trial sets its batch through the script's options ({options}){held}"
 
     def mapped_args(self, spec: TrialSpec) -> dict[str, str]:
         """The script options of :attr:`arg_mappings`, with the values of ``spec``."""

@@ -109,7 +109,9 @@ class LocalLauncher(SupervisingLauncher):
             if why:
                 result.retired = why
                 self.retire(key, why)
-            if near_budget(result, job.budget):
+            if near_budget(result, job.budget) and not first:
+                # The first trial of new processes ran as a cold one does: nothing before it in
+                # them, so its peak is a cold peak. Later ones may read memory kept from earlier trials.
                 return self._remeasure_cold(job, d, env, result)
             return result
         raise AssertionError("unreachable")
