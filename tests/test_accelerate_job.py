@@ -97,6 +97,13 @@ def test_inline_deepspeed_keys_become_a_ds_config(project):
     (lambda p: (p / "ds.json").unlink(), "does not exist here"),
     (lambda p: (p / "acc.yaml").unlink(), "does not exist"),
     (lambda p: (p / "train.py").write_text("import argparse\n"), "arg_mappings"),
+    (lambda p: (p / "acc.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: two\n"
+                                           "deepspeed_config: {deepspeed_config_file: ds.json}\n"), "num_processes"),
+    (lambda p: (p / "acc.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 2\n"
+                                           "deepspeed_config: {zero_stage: 7}\n"), "not a ZeRO stage"),
+    (lambda p: (p / "acc.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 2\n"
+                                           "deepspeed_config: {zero_stage: 2, gradient_clipping: lots}\n"),
+     "gradient_clipping"),
 ])
 def test_bad_accelerate_input_is_one_clear_error(project, gpu_node, edit, message):
     edit(project)
@@ -110,3 +117,19 @@ def test_processes_must_agree(project, gpu_node):
         Autotuner(command(), num_gpus=4, results_dir=project / "r", launcher=FakeLauncher(), node=gpu_node)
     with pytest.raises(ConfigError, match="inline|config file|--zero_stage"):
         Autotuner(command("--zero_stage", "2"), results_dir=project / "r", launcher=FakeLauncher(), node=gpu_node)
+
+
+def test_identity_follows_the_launch_config_not_the_ds_config_path(project, gpu_node):
+    def identity():
+        return Autotuner(command(), memory_per_device="6GiB", results_dir=project / "r", launcher=FakeLauncher(),
+                         node=gpu_node).target.identity()
+
+    first = identity()
+    data = yaml.safe_load((project / "acc.yaml").read_text())
+    (project / "moved.json").write_text((project / "ds.json").read_text())
+    data["deepspeed_config"]["deepspeed_config_file"] = "moved.json"
+    (project / "acc.yaml").write_text(yaml.safe_dump(data))
+    assert identity() == first  # the ds_config's content is each trial's own identity, not its path
+    data["deepspeed_config"]["zero3_init_flag"] = True
+    (project / "acc.yaml").write_text(yaml.safe_dump(data))
+    assert identity() != first

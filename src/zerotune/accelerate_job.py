@@ -49,6 +49,18 @@ def is_accelerate_launch(command: list[str] | tuple[str, ...]) -> bool:
     return len(command) >= 2 and Path(command[0]).name == "accelerate" and command[1] == "launch"
 
 
+def _number(value: Any, key: str, path: Path, kind=int) -> Any:
+    """A number of the Accelerate config, or a ConfigError naming the key."""
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        number = None
+    if number is None or number < (1 if kind is int else 0):
+        raise ConfigError(f"{path}: {key}: {value!r} is not a {'positive whole number' if kind is int else 'number'}; "
+                          "fix the Accelerate config")
+    return number
+
+
 def _yaml():
     try:
         import yaml
@@ -149,8 +161,11 @@ def ds_config_of(path: Path, data: dict[str, Any], launch: AccelerateLaunch) -> 
                               f"exist here, in {os.getcwd()}; run from the folder accelerate launch runs in, or give "
                               "an absolute path")
         return named
+    stage = plugin.get("zero_stage", 2)
+    if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
+        raise ConfigError(f"{path}: deepspeed_config.zero_stage: {stage!r} is not a ZeRO stage; use 0, 1, 2 or 3")
     config: dict[str, Any] = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                              "zero_optimization": {"stage": int(plugin.get("zero_stage", 2))}}
+                              "zero_optimization": {"stage": stage}}
     zero = config["zero_optimization"]
     for block in ("optimizer", "param"):
         device = plugin.get(f"offload_{block}_device")
@@ -158,9 +173,10 @@ def ds_config_of(path: Path, data: dict[str, Any], launch: AccelerateLaunch) -> 
             zero[f"offload_{block}"] = {"device": device, **({"nvme_path": plugin[f"offload_{block}_nvme_path"]}
                                                              if plugin.get(f"offload_{block}_nvme_path") else {})}
     if plugin.get("gradient_clipping") not in (None, "none"):
-        config["gradient_clipping"] = float(plugin["gradient_clipping"])
-    if isinstance(plugin.get("gradient_accumulation_steps"), int):
-        config["gradient_accumulation_steps"] = plugin["gradient_accumulation_steps"]
+        config["gradient_clipping"] = _number(plugin["gradient_clipping"], "gradient_clipping", path, float)
+    if plugin.get("gradient_accumulation_steps") not in (None, "auto"):
+        config["gradient_accumulation_steps"] = _number(plugin["gradient_accumulation_steps"],
+                                                        "gradient_accumulation_steps", path)
     if plugin.get("zero3_save_16bit_model"):
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     precision = str(data.get("mixed_precision") or "no").lower()
@@ -185,7 +201,8 @@ class AccelerateTarget(Target):
         return given if given is not None else self.source
 
     def check_cluster(self, cluster) -> None:
-        if cluster.multinode or int(self.accelerate_config.get("num_machines") or 1) > 1:
+        machines = _number(self.accelerate_config.get("num_machines") or 1, "num_machines", self.config_file)
+        if cluster.multinode or machines > 1:
             raise ConfigError("zerotune tunes Accelerate scripts on one node; tune with num_machines: 1 (and no "
                               "--num-nodes or hostfile), then train on your nodes with the tuned config")
 
@@ -193,7 +210,7 @@ class AccelerateTarget(Target):
         asked = self.launch.option("--num_processes") or self.accelerate_config.get("num_processes")
         if asked is None:
             return num_gpus
-        per_node = int(asked)
+        per_node = _number(asked, "num_processes", self.config_file)
         if num_gpus is not None and num_gpus != per_node:
             raise ConfigError(f"--num-gpus {num_gpus} disagrees with the Accelerate config's num_processes {asked}; "
                               "give one of them")
@@ -255,5 +272,9 @@ class AccelerateTarget(Target):
         import json
 
         code, args = super().identity()
-        normalized = {k: v for k, v in self.accelerate_config.items() if k != "deepspeed_config"}
-        return code, [*args, "accelerate", *self.launch.kept_options(), json.dumps(normalized, sort_keys=True)]
+        # The launch config as it is measured: the ds_config file's path aside (its content is
+        # each trial's own identity).
+        normalized = self.launch_config(Path("<ds_config>"), 0)
+        normalized["deepspeed_config"]["deepspeed_config_file"] = "<ds_config>"
+        return code, [*args, "accelerate", *self.launch.kept_options(),
+                      json.dumps(normalized, sort_keys=True, default=str)]

@@ -9,9 +9,9 @@ from typing import Any
 
 from . import hardware
 from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
+from .accelerate_job import AccelerateLaunch, is_accelerate_launch
 from .cluster import Cluster, check_counts
 from .confirm import CONFIRM_MAX_SECONDS, confirm, earlier_remeasurements
-from .accelerate_job import AccelerateLaunch, is_accelerate_launch
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
 from .cost import tuning_cost
