@@ -5,14 +5,15 @@
    overhead (wall time outside the timed steps) and whether the two measurements agree within
    their 95% intervals.
 2. choice: ``zerotune tune`` on the bundled example with --cold-trials and without; the same
-   choice (or one within noise), and the tuning times.
+   choice, or where they differ, both choices measured again cold, interleaved (A B A B A B),
+   and whether they are within noise of each other; and the tuning times.
 3. soak: N warm trials across stages 0-3 in random order in one launch: every teardown clean
    (no engine left alive, no retirement), thread and fd counts constant after the first trial
    of each kind, and the RSS after teardown back at its level after the first of each kind.
 
-    DS_ACCELERATOR=cpu python bench/warm_vs_cold.py [--model small] [--soak 30] [--skip-choice]
+    DS_ACCELERATOR=cpu python bench/warm_vs_cold.py [--model small] [--soak 30] [--skip-choice | --only-choice]
 
-Last line: warm_vs_cold: overhead_ratio=<warm/cold> agree=<k>/<n> same_choice=<yes|no|skipped>
+Last line: warm_vs_cold: overhead_ratio=<warm/cold> agree=<k>/<n> same_choice=<yes|within noise|no (...)|skipped>
 time_ratio=<warm/cold tuning> soak_clean=<k>/<n> rss_growth_mb=<after all kinds seen>
 """
 from __future__ import annotations
@@ -105,13 +106,41 @@ def same_choice(out: Path, args) -> tuple[str, float]:
     cold_time, cold = tune(out, args, cold=True)
     warm_time, warm = tune(out, args, cold=False)
     c, w = cold["best"], warm["best"]
-    by_name = {t["name"]: t for t in cold["trials"]}
-    other = by_name.get(w)
-    within = other is not None and other.get("throughput") and abs(other["throughput"] - by_name[c]["throughput"]) <= \
-        (other.get("throughput_ci95") or 0) + (by_name[c].get("throughput_ci95") or 0)
-    verdict = "yes" if c == w else ("within noise" if within else "no")
-    print(f"choice: cold {c} in {cold_time:.0f} s, warm {w} in {warm_time:.0f} s: same choice {verdict}", flush=True)
+    print(f"choice: cold {c} in {cold_time:.0f} s, warm {w} in {warm_time:.0f} s", flush=True)
+    verdict = "yes" if c == w else compare_choices(out, args, c, w)
+    print(f"same choice: {verdict}", flush=True)
     return verdict, warm_time / cold_time
+
+
+def compare_choices(out: Path, args, cold_best: str, warm_best: str, rounds: int = 3) -> str:
+    """Two different choices, measured again side by side: cold, interleaved (A B A B A B), so
+    that the machine's drift falls on both alike. "within noise" where the means of the rounds
+    differ by less than their 95% intervals (t over the rounds) together."""
+    launcher = LocalLauncher(device="cpu")
+    runs: dict[str, list[float]] = {cold_best: [], warm_best: []}
+    for r in range(rounds):
+        for name in (cold_best, warm_best):
+            cfg = json.loads((out / "tune_cold" / name / "ds_config.json").read_text())
+            d = out / "compare" / f"{name}_{r}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "ds_config.json").write_text(json.dumps(cfg))
+            spec = TrialSpec(stage=cfg["zero_optimization"]["stage"], micro_batch=cfg["train_micro_batch_size_per_gpu"],
+                             grad_accum=cfg["gradient_accumulation_steps"])
+            job = TrialJob(spec=spec, trial_dir=d, script=str(ROOT / "examples" / "gpt.py"),
+                           script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
+                           local_rank_arg=True, num_gpus=args.num_gpus, budget=None, warmup_steps=2, min_steps=3,
+                           config=cfg, measure=MeasureSettings(max_seconds=10, precision=0.03))
+            runs[name].append(check(launcher.run(job)).measurement.throughput)
+            print(f"  round {r + 1}: {name} {runs[name][-1]:.2f} samples/s", flush=True)
+    t95 = {2: 4.303, 3: 3.182, 4: 2.776}.get(rounds - 1, 2.0)
+    mean = {n: statistics.mean(v) for n, v in runs.items()}
+    half = {n: t95 * statistics.stdev(v) / len(v) ** 0.5 for n, v in runs.items()}
+    for n in runs:
+        print(f"  {n}: {mean[n]:.2f} ± {half[n]:.2f} samples/s over {rounds} interleaved cold runs", flush=True)
+    if abs(mean[cold_best] - mean[warm_best]) <= half[cold_best] + half[warm_best]:
+        return "within noise"
+    faster = max(mean, key=mean.get)
+    return f"no ({faster} faster by {abs(mean[cold_best] / mean[warm_best] - 1):.1%})"
 
 
 def soak(out: Path, args) -> tuple[int, float]:
@@ -150,6 +179,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--soak", type=int, default=30)
     p.add_argument("--skip-choice", action="store_true", help="skip the two full tunings")
+    p.add_argument("--only-choice", action="store_true", help="only the two full tunings (part 2)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "warm_vs_cold"))
     args = p.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -158,6 +188,10 @@ def main() -> None:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     print(f"model={args.model} processes={args.num_gpus}", flush=True)
+    if args.only_choice:
+        verdict, time_ratio = same_choice(out, args)
+        print(f"warm_vs_cold: same_choice={verdict} time_ratio={time_ratio:.2f}")
+        return
     ratio, agree, n = side_by_side(out, args)
     verdict, time_ratio = ("skipped", float("nan")) if args.skip_choice else same_choice(out, args)
     clean, growth = soak(out, args)

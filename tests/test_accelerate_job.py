@@ -133,3 +133,20 @@ def test_identity_follows_the_launch_config_not_the_ds_config_path(project, gpu_
     data["deepspeed_config"]["zero3_init_flag"] = True
     (project / "acc.yaml").write_text(yaml.safe_dump(data))
     assert identity() != first
+
+
+def test_an_inline_deepspeed_plugin_is_tuned_and_written_as_a_file(project, gpu_node):
+    acc = {"distributed_type": "DEEPSPEED", "mixed_precision": "bf16", "num_processes": 2, "num_machines": 1,
+           "deepspeed_config": {"zero_stage": 2, "gradient_accumulation_steps": 2, "zero3_init_flag": False}}
+    (project / "acc.yaml").write_text(yaml.safe_dump(acc))
+    launcher = FakeLauncher()
+    Autotuner(command(), memory_per_device="6GiB", results_dir=project / "r", launcher=launcher,
+              node=gpu_node).tune()
+    assert launcher.jobs and {job.spec.stage for job in launcher.jobs} == {2}  # the stage the config gives
+    assert all(job.config["bf16"] == {"enabled": True} for job in launcher.jobs)
+    launch = yaml.safe_load((project / "r" / "_accelerate" / "launch.yaml").read_text())
+    assert launch["deepspeed_config"] == {"zero3_init_flag": False,
+                                          "deepspeed_config_file": launch["deepspeed_config"]["deepspeed_config_file"]}
+    assert "mixed_precision" not in launch  # Accelerate refuses both beside a ds_config file
+    optimal = yaml.safe_load((project / "r" / "accelerate_config_optimal.yaml").read_text())
+    assert optimal["deepspeed_config"]["deepspeed_config_file"].endswith("ds_config_optimal.json")
