@@ -1,9 +1,13 @@
-"""Lightning DeepSpeed features through AutotuneDeepSpeedStrategy on CPU, one scenario per run:
-`python lightning_features.py SCENARIO WORKDIR`. Each rank writes WORKDIR/rank<N>.json (files, not
-stdout: the ranks share one stdout, where their lines can interleave)."""
+"""Lightning DeepSpeed features through AutotuneDeepSpeedStrategy on CPU:
+`python lightning_features.py SCENARIO[,SCENARIO...] WORKDIR`. The scenarios run one after another
+in the same two processes (one launch, as a user's script may fit several Trainers), each in a
+fresh Trainer; each rank writes WORKDIR/<scenario>/rank<N>.json, or rank<N>.error with the
+traceback where the scenario failed, and goes on to the next (files, not stdout: the ranks share
+one stdout, where their lines can interleave). Only a scenario that fails on purpose runs alone."""
 import json
 import os
 import sys
+import traceback
 
 import lightning as L
 import torch
@@ -88,10 +92,30 @@ def report(t, **extra):
 WORK = "."
 
 
+def folder(scenario: str) -> str:
+    return scenario.replace(":", "_")
+
+
 def main():
     global WORK
-    scenario, work = sys.argv[1], sys.argv[2]
-    WORK = work
+    scenarios, root = sys.argv[1].split(","), sys.argv[2]
+    alone = len(scenarios) == 1
+    for scenario in scenarios:
+        WORK = root if alone else os.path.join(root, folder(scenario))
+        os.makedirs(WORK, exist_ok=True)
+        try:
+            run_scenario(scenario, WORK)
+        except Exception:
+            if alone:
+                raise
+            rank = int(os.environ.get("LOCAL_RANK", "0"))
+            with open(os.path.join(WORK, f"rank{rank}.error"), "w") as f:
+                f.write(traceback.format_exc())
+        finally:
+            os.environ.pop("PL_DEEPSPEED_CONFIG_PATH", None)
+
+
+def run_scenario(scenario, work):
     torch.manual_seed(0)
     cfg = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8}
     if scenario.startswith("stage:") or scenario == "by_name":
