@@ -90,6 +90,12 @@ def test_inline_deepspeed_keys_become_a_ds_config(project):
     assert cfg["bf16"] == {"enabled": True} and cfg["train_micro_batch_size_per_gpu"] == "auto"
 
 
+def deepspeed_yaml(processes, plugin):
+    """An edit that writes a DeepSpeed Accelerate config with these values, as YAML gives them."""
+    return lambda p: (p / "acc.yaml").write_text(f"distributed_type: DEEPSPEED\nnum_processes: {processes}\n"
+                                                 f"deepspeed_config: {plugin}\n")
+
+
 @pytest.mark.parametrize("edit, message", [
     (lambda p: (p / "acc.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n"), "does not use DeepSpeed"),
     (lambda p: (p / "acc.yaml").write_text("a: [1\n"), "not valid YAML"),
@@ -97,13 +103,12 @@ def test_inline_deepspeed_keys_become_a_ds_config(project):
     (lambda p: (p / "ds.json").unlink(), "does not exist here"),
     (lambda p: (p / "acc.yaml").unlink(), "does not exist"),
     (lambda p: (p / "train.py").write_text("import argparse\n"), "arg_mappings"),
-    (lambda p: (p / "acc.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: two\n"
-                                           "deepspeed_config: {deepspeed_config_file: ds.json}\n"), "num_processes"),
-    (lambda p: (p / "acc.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 2\n"
-                                           "deepspeed_config: {zero_stage: 7}\n"), "not a ZeRO stage"),
-    (lambda p: (p / "acc.yaml").write_text("distributed_type: DEEPSPEED\nnum_processes: 2\n"
-                                           "deepspeed_config: {zero_stage: 2, gradient_clipping: lots}\n"),
-     "gradient_clipping"),
+    (deepspeed_yaml("two", "{deepspeed_config_file: ds.json}"), "num_processes"),
+    (deepspeed_yaml(2, "{zero_stage: 7}"), "not a ZeRO stage"),
+    (deepspeed_yaml(2, "{zero_stage: 2, gradient_clipping: lots}"), "gradient_clipping"),
+    (deepspeed_yaml("true", "{deepspeed_config_file: ds.json}"), "num_processes"),
+    (deepspeed_yaml(999999999, "{deepspeed_config_file: ds.json}"), "num_processes"),
+    (deepspeed_yaml(2, "{zero_stage: 2, gradient_clipping: .nan}"), "gradient_clipping"),
 ])
 def test_bad_accelerate_input_is_one_clear_error(project, gpu_node, edit, message):
     edit(project)

@@ -99,3 +99,12 @@ def test_explicit_arg_mappings_win(tmp_path, hf_script, gpu_node):
     tuner.tune()
     job = launcher.jobs[0]
     assert "--mb" in job.script_args and "--per_device_train_batch_size" not in job.script_args
+
+
+def test_an_absurd_batch_option_is_one_clear_error(tmp_path, hf_script, gpu_node):
+    from zerotune._errors import ConfigError
+
+    with pytest.raises(ConfigError, match="beyond any real job"):
+        Autotuner([str(hf_script), "--deepspeed", str(hf_config(tmp_path)), "--per_device_train_batch_size",
+                   "99999999999"], num_gpus=2, results_dir=tmp_path / "r", launcher=FakeLauncher(), node=gpu_node)
+    assert not (tmp_path / "r").exists()

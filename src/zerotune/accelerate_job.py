@@ -19,6 +19,7 @@ requires) reads and writes the configs here.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
-from .command import UserCommand
+from .command import UserCommand, option_value
 from .targets import Target
 
 LAUNCH_OPTIONS_REPLACED = ("--config_file", "--num_processes", "--num_machines", "--main_process_port", "--gpu_ids",
@@ -49,15 +50,19 @@ def is_accelerate_launch(command: list[str] | tuple[str, ...]) -> bool:
     return len(command) >= 2 and Path(command[0]).name == "accelerate" and command[1] == "launch"
 
 
-def _number(value: Any, key: str, path: Path, kind=int) -> Any:
-    """A number of the Accelerate config, or a ConfigError naming the key."""
+MAX_PROCESSES = 65536
+
+
+def _number(value: Any, key: str, path: Path, kind=int, limit: float = MAX_PROCESSES) -> Any:
+    """A number of the Accelerate config (a whole one from 1, or a finite one from 0, at most
+    ``limit``), or a ConfigError naming the key."""
     try:
-        number = kind(value)
-    except (TypeError, ValueError):
+        number = None if isinstance(value, bool) else kind(value)
+    except (TypeError, ValueError, OverflowError):
         number = None
-    if number is None or number < (1 if kind is int else 0):
-        raise ConfigError(f"{path}: {key}: {value!r} is not a {'positive whole number' if kind is int else 'number'}; "
-                          "fix the Accelerate config")
+    if number is None or not math.isfinite(number) or not (1 if kind is int else 0) <= number <= limit:
+        what = "whole number from 1" if kind is int else "number from 0"
+        raise ConfigError(f"{path}: {key}: {value!r} is not a {what} to {limit:g}; fix the Accelerate config")
     return number
 
 
@@ -99,13 +104,7 @@ class AccelerateLaunch:
                           "launch --config_file acc.yaml train.py [script args]")
 
     def option(self, name: str) -> str | None:
-        value = None
-        for i, word in enumerate(self.options):
-            if word == name and i + 1 < len(self.options):
-                value = self.options[i + 1]
-            elif word.startswith(name + "="):
-                value = word.split("=", 1)[1]
-        return value
+        return option_value(self.options, name)
 
     def kept_options(self) -> list[str]:
         """The user's options that every run keeps (the ones zerotune sets are left out)."""
@@ -173,7 +172,7 @@ def ds_config_of(path: Path, data: dict[str, Any], launch: AccelerateLaunch) -> 
             zero[f"offload_{block}"] = {"device": device, **({"nvme_path": plugin[f"offload_{block}_nvme_path"]}
                                                              if plugin.get(f"offload_{block}_nvme_path") else {})}
     if plugin.get("gradient_clipping") not in (None, "none"):
-        config["gradient_clipping"] = _number(plugin["gradient_clipping"], "gradient_clipping", path, float)
+        config["gradient_clipping"] = _number(plugin["gradient_clipping"], "gradient_clipping", path, float, 1e6)
     if plugin.get("gradient_accumulation_steps") not in (None, "auto"):
         config["gradient_accumulation_steps"] = _number(plugin["gradient_accumulation_steps"],
                                                         "gradient_accumulation_steps", path)

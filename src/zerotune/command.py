@@ -120,15 +120,8 @@ class UserCommand:
         return args
 
     def option_value(self, flag: str) -> str | None:
-        """The value the user's args give ``flag`` (``--flag v`` or ``--flag=v``; the last one
-        wins, as argparse reads it), or None."""
-        value = None
-        for i, a in enumerate(self.args):
-            if a == flag and i + 1 < len(self.args):
-                value = self.args[i + 1]
-            elif a.startswith(flag + "="):
-                value = a.split("=", 1)[1]
-        return value
+        """The value the user's args give ``flag`` (see :func:`option_value`), or None."""
+        return option_value(self.args, flag)
 
     def takes_local_rank(self) -> bool:
         """Scripts that declare --local_rank (or use HF's TrainingArguments) get it per rank."""
@@ -139,6 +132,18 @@ class UserCommand:
         except OSError:
             return False
         return bool(re.search(r"local[_-]rank|TrainingArguments|HfArgumentParser", text))
+
+
+def option_value(args: list[str] | tuple[str, ...], flag: str) -> str | None:
+    """The value ``args`` give ``flag`` (``--flag v`` or ``--flag=v``; the last one wins, as
+    argparse reads it), or None."""
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
 
 
 def _set_arg(args: list[str], flag: str, value: str) -> list[str]:

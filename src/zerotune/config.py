@@ -227,6 +227,9 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int,
         gas = config.get("gradient_accumulation_steps")
         gas = script_batch.get("gradient_accumulation_steps") or (gas if isinstance(gas, int) else 1)
         global_batch = script_batch["train_micro_batch_size_per_gpu"] * gas * dp
+        if global_batch > MAX_GLOBAL_BATCH:
+            raise ConfigError(f"the command's batch options give a global batch of {global_batch}, beyond any real "
+                              f"job (at most {MAX_GLOBAL_BATCH}); give the batch sizes you train with")
     if global_batch is not None:
         if global_batch % dp:
             raise ConfigError(f"the global batch {global_batch} cannot be split over {dp} data-parallel processes; "

@@ -19,6 +19,19 @@ BATCH = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train
 MODEL = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--vocab_size", "512", "--seq_len", "64"]
 
 
+def run_two_stages(zerotune_args: list[str], tmp_path: Path, res: Path):
+    """`zerotune run ...` in ``tmp_path``: its output, and the results.json of a tuning whose OK
+    trials covered stages 1 and 2."""
+    cmd = [sys.executable, "-m", "zerotune.cli", "run", "--results-dir", str(res), "--precision", "0.1",
+           *zerotune_args]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((res / "results.json").read_text())
+    ok = [t for t in results["trials"] if t["state"] == "ok"]
+    assert {t["spec"]["stage"] for t in ok} == {1, 2}, results["trials"]
+    return out, results, ok
+
+
 def test_trainer_script_tuned_over_two_stages_then_trained(tmp_path):
     res = tmp_path / "results"
     train = ["--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "4",
@@ -28,13 +41,8 @@ def test_trainer_script_tuned_over_two_stages_then_trained(tmp_path):
     config = json.loads((ROOT / "examples" / "ds_config_hf_trainer.json").read_text())
     config["autotuning"].update(min_train_micro_batch_size_per_gpu=4, max_train_micro_batch_size_per_gpu=4)
     (tmp_path / "ds.json").write_text(json.dumps(config))
-    cmd = [sys.executable, "-m", "zerotune.cli", "run", "--num-gpus", "2", "--results-dir", str(res),
-           "--precision", "0.1", str(ROOT / "examples" / "hf_trainer.py"), "--deepspeed", "ds.json", *train]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    results = json.loads((res / "results.json").read_text())
-    ok = [t for t in results["trials"] if t["state"] == "ok"]
-    assert {t["spec"]["stage"] for t in ok} == {1, 2}, results["trials"]
+    out, results, ok = run_two_stages(["--num-gpus", "2", str(ROOT / "examples" / "hf_trainer.py"),
+                                       "--deepspeed", "ds.json", *train], tmp_path, res)
     for t in ok:
         spec, trial_dir = t["spec"], res / t["name"]
         assert spec["micro_batch"] * spec["grad_accum"] * 2 == 16  # the command's global batch (4 x 2 x 2)
@@ -75,13 +83,7 @@ def test_accelerate_script_tuned_over_two_stages_then_trained(tmp_path):
     res = tmp_path / "results"
     script = [str(ROOT / "examples" / "accelerate_train.py"), "--model", "tiny", "--per_device_train_batch_size", "4",
               "--gradient_accumulation_steps", "2", "--max_train_steps", "30"]
-    cmd = [sys.executable, "-m", "zerotune.cli", "run", "--results-dir", str(res), "--precision", "0.1",
-           "accelerate", "launch", "--config_file", "acc.yaml", *script]
-    out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    results = json.loads((res / "results.json").read_text())
-    ok = [t for t in results["trials"] if t["state"] == "ok"]
-    assert {t["spec"]["stage"] for t in ok} == {1, 2}, results["trials"]
+    out, results, ok = run_two_stages(["accelerate", "launch", "--config_file", "acc.yaml", *script], tmp_path, res)
     for t in ok:
         cmd_txt = (res / t["name"] / "cmd.txt").read_text()
         assert "accelerate.commands.launch" in cmd_txt and "--config_file" in cmd_txt
