@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -351,3 +352,31 @@ def test_near_budget_only_later_trials_of_a_group_are_measured_again_cold(tmp_pa
     assert first.state is TrialState.OK and "cold (new warm processes" in first.start and cold == []
     launcher.run(near)  # the same processes (their second order) serve the next trial
     assert cold == [near.spec.name]
+
+
+def test_group_members_reads_the_group_and_skips_zombies(tmp_path):
+    from zerotune.launch._process import group_members
+
+    for pid, stat in {"10": "10 (python) S 1 77 77 0", "11": "11 (a) b (c)) R 10 77 77 0",
+                      "12": "12 (rank) Z 10 77 77 0", "13": "13 (other) S 1 78 78 0"}.items():
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "stat").write_text(stat)
+    (tmp_path / "self").mkdir()
+    assert sorted(group_members(77, proc=tmp_path)) == [10, 11]
+
+
+def test_killing_a_group_returns_once_every_member_is_gone(tmp_path):
+    from zerotune.launch._process import group_members
+
+    # The leader leaves at SIGTERM; its child ignores it and must be ended with the group.
+    child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open(r'{}', 'w').close(); time.sleep(600)"
+    ready = tmp_path / "ready"
+    leader = (f"import subprocess, sys, signal, time; subprocess.Popen([sys.executable, '-c', {child.format(ready)!r}]); "
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(600)")
+    group = ProcessGroup([sys.executable, "-c", leader], env=dict(os.environ), log=None)
+    while not ready.exists():
+        assert group.proc.poll() is None
+        time.sleep(0.01)
+    assert len(group_members(group.proc.pid)) == 2
+    group.kill(grace=0.5)
+    assert group_members(group.proc.pid) == []

@@ -104,8 +104,32 @@ class ProcessGroup:
             except ProcessLookupError:
                 pass
             break
+        # A killed rank lingers while the kernel frees its memory (seconds for a large one on a
+        # loaded machine): return only once none is left, so that the next trial neither shares
+        # the cores with it nor reads its memory as its own.
+        deadline = time.monotonic() + 30.0
+        while group_members(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         if self._log is not None:
             self._log.close()
+
+
+def group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The processes of process group ``pgid`` that have not yet exited (zombies, already gone
+    but for their exit status, are not counted)."""
+    found = []
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[0] not in ("Z", "X") and fields[2] == str(pgid):
+            found.append(int(entry.name))
+    return found
 
 
 def stalled(trial_dir: Path, world: int, floor: float, now: float | None = None) -> str | None:
