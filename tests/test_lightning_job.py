@@ -82,7 +82,7 @@ def test_lightning_trials_get_the_config_through_the_probe_not_the_arguments(lig
     assert all(j.probe_spec(j.trial_dir)["lightning_config"] == str((j.trial_dir / "ds_config.json").resolve())
                and j.script_args == ["--epochs", "3"] for j in tuner.fake.jobs)
     assert result.best_config["train_batch_size"] == 32
-    assert {s for s in (j.spec.stage for j in tuner.fake.jobs)} == {0, 1, 2, 3}
+    assert {s for s in (j.spec.stage for j in tuner.fake.jobs)} == {0, 1, 2}  # stage 3: stage 2 fits all
     written = json.loads((tmp_path / "results" / "ds_config_optimal.json").read_text())
     assert "gradient_accumulation_steps" not in written and "autotuning" not in written
     cmd = (tmp_path / "results" / "cmd_optimal.txt").read_text()

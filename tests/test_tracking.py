@@ -26,6 +26,7 @@ def test_mlflow_parent_run_with_a_nested_run_per_trial(tmp_path, make_config, gp
     else:
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)  # a SQL store keeps artifacts in ./mlruns: not in the repository
     import mlflow
 
     mlflow.set_tracking_uri(uri)

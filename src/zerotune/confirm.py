@@ -1,6 +1,6 @@
 """A confirmed choice: before the final pick, the configurations within noise of the best (at
-most 3) are measured again, interleaved (A B C A B C) in the same warm processes, and the
-choice is made on those figures. Interleaving puts the machine's drift (other load, thermal,
+most 3) are measured again, interleaved (A B C, and A B C again unless the first round settled
+it) in the same warm processes, and the choice is made on those figures. Interleaving puts the machine's drift (other load, thermal,
 a noisy neighbour) on every candidate alike, which separate trials minutes apart cannot.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._errors import ZerotuneError
-from .ranking import Choice, choose_best, fmt_metric
+from .ranking import MAXIMIZE, TIE_MARGIN, Choice, choose_best, clearly_worse, fmt_metric
 from .record import read_session
 from .trial import Measurement, TrialResult, TrialState
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 MAX_CANDIDATES = 3
 ROUNDS = 2
+"""Interleaved rounds at most; the second runs only where the first did not settle the choice."""
 CONFIRM_MAX_SECONDS = 5.0
 """Each re-measurement measures at most this long: two interleaved rounds, not one long window,
 are what make the comparison fair, and a tie costs a few seconds per candidate to settle."""
@@ -82,8 +83,8 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
     group = group[:MAX_CANDIDATES]
     out = Confirmation(candidates=[r.name for r in group])
     by_name: dict[str, list[TrialResult]] = {r.name: [] for r in group}
-    expected = [r.name for _ in range(ROUNDS) for r in group]
-    if earlier and record.launched == 0 and [r.name for r in earlier] == expected:
+    names = [r.name for r in group]
+    if earlier and record.launched == 0 and _reusable([r.name for r in earlier], names, earlier, group, metric):
         for i, result in enumerate(earlier):
             out.runs.append(result)
             by_name[result.name].append(result)
@@ -95,16 +96,58 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
             result = tuner.launcher.run(job)
             out.runs.append(result)
             by_name[r.name].append(result)
-            record.emit("confirm", round_, r.spec, result, f"round {round_} of {ROUNDS}")
+            record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {ROUNDS}")
+        if round_ < ROUNDS and settled(_confirmed(by_name, group), metric):
+            break
     return _decide(out, by_name, group, choice, metric, reused=False)
+
+
+def _reusable(earlier_names: list[str], names: list[str], earlier: list[TrialResult], group: list[TrialResult],
+              metric: str) -> bool:
+    """The earlier re-measurements are whole rounds of these candidates in this order, as many
+    as this tuning would run on the same figures."""
+    rounds, rest = divmod(len(earlier_names), len(names))
+    if rest or not 1 <= rounds <= ROUNDS or earlier_names != names * rounds:
+        return False
+    if rounds == ROUNDS:
+        return True
+    by_name = {n: [r for r in earlier if r.name == n] for n in names}
+    return settled(_confirmed(by_name, group), metric)
+
+
+def settled(confirmed: list[TrialResult], metric: str) -> bool:
+    """True when another round cannot change the choice by more than the tie margin: against the
+    pick, every other candidate is slower beyond noise, or the most it can be faster (its
+    difference plus the 95% interval of the difference) is within TIE_MARGIN. On a quiet
+    machine one interleaved round settles it; where the intervals are wide, a second runs."""
+    pick = choose_best(confirmed, metric)
+    if pick is None or len(confirmed) < 2:
+        return True  # the others failed: a failed re-measurement drops its candidate for good
+    best = pick.best
+    vb, cb = best.metric(metric), best.metric_ci(metric) or 0.0
+    for c in confirmed:
+        if c is best or clearly_worse(metric, c, best):
+            continue
+        vc, cc = c.metric(metric), c.metric_ci(metric) or 0.0
+        gain = (vc - vb) if MAXIMIZE[metric] else (vb - vc)
+        if gain + math.hypot(cb, cc) > TIE_MARGIN * abs(vb):
+            return False
+    return True
+
+
+def _confirmed(by_name: dict[str, list[TrialResult]], group: list[TrialResult]) -> list[TrialResult]:
+    """Per candidate whose every re-measurement so far was OK, its figures combined."""
+    out = []
+    for r in group:
+        runs = by_name[r.name]
+        if runs and all(x.state is TrialState.OK and x.measurement is not None for x in runs):
+            out.append(replace(r, measurement=combined(runs)))
+    return out
 
 
 def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: list[TrialResult], choice: Choice,
             metric: str, *, reused: bool) -> Confirmation:
-    for r in group:
-        runs = by_name[r.name]
-        if all(x.state is TrialState.OK and x.measurement is not None for x in runs):
-            out.confirmed[r.name] = replace(r, measurement=combined(runs))
+    out.confirmed = {c.name: c for c in _confirmed(by_name, group)}
     pick = choose_best(list(out.confirmed.values()), metric)
     if pick is None:
         out.note = "re-measuring the configurations within noise failed; the choice stands as first measured"
@@ -112,8 +155,11 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
     out.best = pick.best.name
     figures = ", ".join(f"{name} {fmt_metric(metric, c)}" for name, c in out.confirmed.items())
     failed = [n for n in out.candidates if n not in out.confirmed]
-    order = " ".join("ABC"[:len(group)] * ROUNDS)
+    order = " ".join("ABC"[:len(group)] * (len(out.runs) // len(group)))
     verdict = pick.note or f"chose {out.best}; the others are slower beyond noise"
+    if pick.ties and len(out.runs) < ROUNDS * len(group):
+        verdict += (f"; after one round none can be more than {TIE_MARGIN:.0%} faster than {out.best}, "
+                    "so no second round")
     if out.best != choice.best.name:
         verdict += f" (on the first measurements: {choice.best.name})"
     out.note = (f"confirmed: re-measured {len(group)} configurations within noise of each other, interleaved "

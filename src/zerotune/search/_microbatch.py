@@ -113,6 +113,10 @@ class MicroBatchSearch(Searcher):
         if stage in self.prune:
             yield Suggestion(self.spec(stage, self.candidates[-1]), self.prune[stage])
             return None
+        if (reason := self._dominated(stage)) is not None:
+            yield Suggestion(self.spec(stage, self.candidates[-1]), reason)
+            self.notes.append(f"stage {stage}: not run; {reason}")
+            return None
         if (reason := self._cannot_fit(stage)) is not None:
             yield Suggestion(self.spec(stage, self.candidates[0]), reason)
             self.notes.append(f"stage {stage}: not run; {reason} at micro-batch {self.candidates[0]}")
@@ -121,6 +125,17 @@ class MicroBatchSearch(Searcher):
 
     def _ok(self, stage: int) -> list[TrialResult]:
         return [r for r in self.results if r.spec.stage == stage and r.state is TrialState.OK]
+
+    def _dominated(self, stage: int) -> str | None:
+        """Why stage 3 cannot win, or None. At the same micro-batch it does stage 2's work plus
+        gathering every parameter for the forward and the backward pass, so it is faster only
+        where it fits a larger micro-batch; once stage 2 (searched with the same offload) fits
+        the largest candidate, there is none. DeepSpeed's autotuner skips a stage on the same
+        ground (its largest micro-batch no larger than an earlier stage's)."""
+        if stage != 3 or 2 not in self.stages or self._largest.get(2) != self.candidates[-1]:
+            return None
+        return (f"stage 2 fits the largest micro-batch ({self.candidates[-1]}), and stage 3 adds gathering the "
+                "parameters to the same work, so it cannot be faster")
 
     def _cannot_fit(self, stage: int) -> str | None:
         """Why a stage without trials cannot fit even its smallest micro-batch, or None: its
