@@ -111,3 +111,18 @@ def test_a_launcher_in_place_of_the_script_is_one_clear_error(tmp_path):
     for launcher in ("deepspeed", "accelerate", "torchrun"):
         out = zerotune("tune", launcher, "--num_gpus", "2", "train.py")
         assert out.returncode == 2 and f"not the {launcher} launcher" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("where", ["--tensorboard", "--results-dir", "script"])
+def test_a_nul_byte_in_an_argument_is_one_clear_error(tmp_path, monkeypatch, capsys, where):
+    # No shell can pass one; a program calling main() can.
+    from zerotune import cli
+
+    monkeypatch.chdir(tmp_path)
+    bad = "runs\0x"
+    argv = ["tune", *([where, bad] if where != "script" else []), bad if where == "script" else "train.py",
+            "--deepspeed_config", "ds.json"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "contains a NUL byte" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # nothing written

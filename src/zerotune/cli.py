@@ -11,6 +11,11 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):  # an ASCII-only terminal gets "?" for "±", not a crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="replace")
+    # No shell can pass a NUL byte, but main() can be called with one; no path or option holds it.
+    if bad := next((a for a in argv if "\0" in a), None):
+        print(_error(f"the argument {bad!r} contains a NUL byte, which no path or option can hold; remove it"),
+              file=sys.stderr)
+        return 2
     try:
         return _main(argv)
     except OSError as e:  # a file zerotune was pointed at cannot be read or written: name it
