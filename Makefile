@@ -1,6 +1,7 @@
 # make demo: set up .venv and tune the bundled GPT example on CPU with 2 processes.
 # make test: set up .venv with the test extras and run the tests (unit tests, then real DeepSpeed
-# trials on CPU). Only the test set-up installs anything outside .venv (the browser of the report test).
+# trials on CPU). Only the test set-up installs anything outside .venv (the browser of the report test);
+# set-up compiles DeepSpeed's CPU ops into torch's extension cache, where DeepSpeed would at first use.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.zerotune-installed
