@@ -1,7 +1,8 @@
 """A confirmed choice: before the final pick, the configurations within noise of the best (at
 most 3) are measured again, interleaved (A B C, and A B C again unless the first round settled
-it) in the same warm processes, and the choice is made on those figures. Interleaving puts the machine's drift (other load, thermal,
-a noisy neighbour) on every candidate alike, which separate trials minutes apart cannot.
+it) in the same warm processes, and the choice is made on those figures. Interleaving puts the
+machine's drift (other load, thermal, a noisy neighbour) on every candidate alike, which
+separate trials minutes apart cannot.
 """
 from __future__ import annotations
 

@@ -129,8 +129,8 @@ class MicroBatchSearch(Searcher):
     def _dominated(self, stage: int) -> str | None:
         """Why stage 3 cannot win, or None. At the same micro-batch it does stage 2's work plus
         gathering every parameter for the forward and the backward pass, so it is faster only
-        where it fits a larger micro-batch; once stage 2 (searched with the same offload) fits
-        the largest candidate, there is none. DeepSpeed's autotuner skips a stage on the same
+        where it fits a larger micro-batch; once stage 2 fits the largest candidate, there is
+        none (in the offload search stage 3 also offloads the parameters: slower still). DeepSpeed's autotuner skips a stage on the same
         ground (its largest micro-batch no larger than an earlier stage's)."""
         if stage != 3 or 2 not in self.stages or self._largest.get(2) != self.candidates[-1]:
             return None
