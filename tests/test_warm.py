@@ -374,8 +374,9 @@ def test_killing_a_group_returns_once_every_member_is_gone(tmp_path):
     leader = (f"import subprocess, sys, signal, time; subprocess.Popen([sys.executable, '-c', {child.format(ready)!r}]); "
               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(600)")
     group = ProcessGroup([sys.executable, "-c", leader], env=dict(os.environ), log=None)
+    deadline = time.monotonic() + 120
     while not ready.exists():
-        assert group.proc.poll() is None
+        assert group.proc.poll() is None and time.monotonic() < deadline, "the child never started"
         time.sleep(0.01)
     assert len(group_members(group.proc.pid)) == 2
     group.kill(grace=0.5)

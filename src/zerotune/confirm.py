@@ -84,8 +84,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
     group = group[:MAX_CANDIDATES]
     out = Confirmation(candidates=[r.name for r in group])
     by_name: dict[str, list[TrialResult]] = {r.name: [] for r in group}
-    names = [r.name for r in group]
-    if earlier and record.launched == 0 and _reusable([r.name for r in earlier], names, earlier, group, metric):
+    if earlier and record.launched == 0 and _reusable(earlier, group, metric):
         for i, result in enumerate(earlier):
             out.runs.append(result)
             by_name[result.name].append(result)
@@ -103,17 +102,15 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
     return _decide(out, by_name, group, choice, metric, reused=False)
 
 
-def _reusable(earlier_names: list[str], names: list[str], earlier: list[TrialResult], group: list[TrialResult],
-              metric: str) -> bool:
+def _reusable(earlier: list[TrialResult], group: list[TrialResult], metric: str) -> bool:
     """The earlier re-measurements are whole rounds of these candidates in this order, as many
     as this tuning would run on the same figures."""
-    rounds, rest = divmod(len(earlier_names), len(names))
-    if rest or not 1 <= rounds <= ROUNDS or earlier_names != names * rounds:
+    names = [r.name for r in group]
+    rounds, rest = divmod(len(earlier), len(names))
+    if rest or not 1 <= rounds <= ROUNDS or [r.name for r in earlier] != names * rounds:
         return False
-    if rounds == ROUNDS:
-        return True
     by_name = {n: [r for r in earlier if r.name == n] for n in names}
-    return settled(_confirmed(by_name, group), metric)
+    return rounds == ROUNDS or settled(_confirmed(by_name, group), metric)
 
 
 def settled(confirmed: list[TrialResult], metric: str) -> bool:

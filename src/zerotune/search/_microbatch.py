@@ -132,7 +132,7 @@ class MicroBatchSearch(Searcher):
         where it fits a larger micro-batch; once stage 2 fits the largest candidate, there is
         none (in the offload search stage 3 also offloads the parameters: slower still). DeepSpeed's autotuner skips a stage on the same
         ground (its largest micro-batch no larger than an earlier stage's)."""
-        if stage != 3 or 2 not in self.stages or self._largest.get(2) != self.candidates[-1]:
+        if stage != 3 or self._largest.get(2) != self.candidates[-1]:
             return None
         return (f"stage 2 fits the largest micro-batch ({self.candidates[-1]}), and stage 3 adds gathering the "
                 "parameters to the same work, so it cannot be faster")
