@@ -28,6 +28,18 @@ def test_ok_with_statistics(tmp_path):
     assert abs(r.measurement.throughput - 16 / 0.504) < 1e-6
     assert r.peak_memory == [1000, 1100] and r.measurement.steps_measured == 5 and r.measurement.stable
     assert r.peak_allocated == [900, 900]
+    assert r.measurement.step_time_df == 4  # five whole steps
+
+
+def test_a_micro_step_estimate_keeps_its_degrees_of_freedom(tmp_path):
+    rank(tmp_path, 0, estimate=[2.0, 0.05, 0.04], estimate_df=11.5)
+    rank(tmp_path, 1)
+    m = run(tmp_path).measurement
+    assert (m.step_time_mean, m.step_time_ci95, m.step_time_df) == (2.0, 0.04, 11.5)
+    se, df = m.standard_error
+    assert df == 11.5 and abs(se - 0.04 / 2.201) < 1e-12  # t for 11 degrees of freedom: rounded down
+    rank(tmp_path, 0, estimate=[2.0, 0.05, 0.04], estimate_df="x")  # damaged: unknown, not a crash
+    assert run(tmp_path).measurement.step_time_df is None
 
 
 def test_word_error_in_normal_output_is_not_a_failure(tmp_path):

@@ -94,16 +94,62 @@ def test_a_failed_re_measurement_drops_that_candidate(tuner_factory):
     assert any("re-measuring failed for z2_mb8_gas4" in n for n in result.notes)
 
 
-def test_combined_measurement_is_the_mean_with_a_narrower_interval():
-    def run(step, ci):
-        m = Measurement(samples_per_step=8, step_time_mean=step, step_time_std=ci, step_time_ci95=ci,
-                        steps_measured=5, stable=True, timed_seconds=5 * step)
-        return TrialResult(spec=TrialSpec(stage=0, micro_batch=8), state=TrialState.OK, measurement=m)
+def measured(step, ci, steps=5, df=None):
+    m = Measurement(samples_per_step=8, step_time_mean=step, step_time_std=ci, step_time_ci95=ci,
+                    steps_measured=steps, stable=True, timed_seconds=steps * step, step_time_df=df)
+    return TrialResult(spec=TrialSpec(stage=0, micro_batch=8), state=TrialState.OK, measurement=m)
 
-    m = combined([run(1.0, 0.04), run(1.2, 0.04)])
-    assert abs(m.step_time_mean - 1.1) < 1e-12 and abs(m.step_time_ci95 - 0.04 / 2 ** 0.5) < 1e-12
+
+def test_combined_measurement_pools_the_rounds_degrees_of_freedom():
+    # Two rounds of 5 steps (4 degrees of freedom each, t = 2.776): the mean of both has the
+    # standard error of a mean of two and 8 degrees of freedom (t = 2.306), so its interval is
+    # narrower than each round's over the square root of two.
+    m = combined([measured(1.0, 0.04), measured(1.2, 0.04)])
+    se = 0.04 / 2.776 * 2 ** 0.5 / 2
+    assert abs(m.step_time_mean - 1.1) < 1e-12 and abs(m.step_time_ci95 - 2.306 * se) < 1e-9
+    assert m.step_time_df == 8 and m.step_time_ci95 < 0.04 / 2 ** 0.5
     assert m.steps_measured == 10 and abs(m.timed_seconds - 11.0) < 1e-12
     assert replace(m).samples_per_step == 8
+    # A micro-step estimate's own degrees of freedom are used where they were recorded.
+    assert combined([measured(1.0, 0.04, df=20.0), measured(1.0, 0.04, df=20.0)]).step_time_df == 40
+
+
+def simulated(rng, true_step, sigma, n):
+    from zerotune.step_stats import summarize
+
+    mean, std, ci = summarize([rng.gauss(true_step, sigma) for _ in range(n)])
+    return measured(mean, ci, steps=n)
+
+
+def test_two_short_rounds_combined_keep_a_true_95_percent_interval():
+    import random
+
+    rng, hits, runs = random.Random(3), 0, 2000
+    for _ in range(runs):
+        m = combined([simulated(rng, 1.0, 0.03, 3), simulated(rng, 1.0, 0.03, 3)])
+        hits += abs(m.step_time_mean - 1.0) <= m.step_time_ci95
+    assert 0.93 <= hits / runs <= 0.975, hits / runs
+
+
+def test_most_faster_is_a_one_sided_95_percent_bound():
+    # Over seeded simulations of two measurements of 3 steps each, the bound on how much faster
+    # one can be falls below the true difference about 5% of the time: at 0 and at 2% faster.
+    import random
+
+    from zerotune.confirm import most_faster
+
+    rng = random.Random(11)
+    for faster in (0.0, 0.02):
+        misses, runs = 0, 2000
+        for _ in range(runs):
+            c = simulated(rng, 1.0 / (1 + faster), 0.02, 3)
+            b = simulated(rng, 1.0, 0.02, 3)
+            misses += most_faster(c, b, "throughput") < faster
+        assert 0.03 <= misses / runs <= 0.07, (faster, misses / runs)
+    # Latency compares the same step times the other way up.
+    fast, slow = measured(1.0, 0.0001, steps=30), measured(1.1, 0.0001, steps=30)
+    assert abs(most_faster(fast, slow, "latency") - 0.1) < 1e-3
+    assert abs(most_faster(fast, slow, "throughput") - 0.1) < 1e-3
 
 
 def test_a_rerun_that_resumes_reuses_the_re_measurements(tuner_factory):

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from zerotune.probe._memory import MemoryReader, is_oom_error
-from zerotune.probe._stats import is_stable, summarize
+from zerotune.step_stats import is_stable, summarize
 
 
 class FakeCuda:
@@ -143,7 +143,21 @@ def test_stops_early_when_it_cannot_beat_the_best(probe_factory, tmp_path):
     with pytest.raises(Exited):
         drive(probe, FakeEngine(), 100)
     out = json.loads((tmp_path / "rank0.json").read_text())
-    assert out["early_stop"] and len(out["intervals"]) == 3  # 8 samples/step at ~1 s/step never beats 100/s
+    # 8 samples/step at ~1 s/step never beats 100/s: two timed steps show it (one-sided bound).
+    assert out["early_stop"] and len(out["intervals"]) == 2
+
+
+def test_early_stop_needs_the_one_sided_bound_to_lose(probe_factory, tmp_path):
+    # Steps of 1.0 and 1.1 s at 8 samples/step: the one-sided 95% bound (t = 6.31 at one degree of
+    # freedom) allows up to 8 / (1.05 - 6.31 * 0.05) = 10.9/s. So two steps show it cannot beat
+    # 11/s, but 10/s needs a third step (1.0 s: then at most 8.5/s).
+    times = [0.0, 0.0, 1.0, 2.0, 3.1] + [4.1 + i for i in range(40)]
+    for to_beat, steps in ((11.0, 2), (10.0, 3)):
+        probe = probe_factory(times, rel_ci=0.001, to_beat={"metric": "throughput", "value": to_beat})
+        with pytest.raises(Exited):
+            drive(probe, FakeEngine(), 100)
+        out = json.loads((tmp_path / "rank0.json").read_text())
+        assert out["early_stop"] and len(out["intervals"]) == steps, (to_beat, out["intervals"])
 
 
 def test_no_early_stop_for_a_contender(probe_factory, tmp_path):
@@ -189,6 +203,7 @@ def test_with_accumulation_the_step_is_estimated_from_its_micro_steps(probe_fact
     assert abs(mean - (7 * 1.0 + 3.0)) < 0.05 and ci <= 0.03 * mean
     # Two whole steps after the two warm-up ones were enough; whole-step timing needs three or more.
     assert len(out["intervals"]) == 2 and out["micro_steps"] == {"plain": 14, "boundary": 2}
+    assert out["estimate_df"] > 2  # more than two whole steps' one: the micro-steps count too
 
 
 def test_the_micro_step_estimate_covers_the_whole_step_mean():
@@ -196,7 +211,7 @@ def test_the_micro_step_estimate_covers_the_whole_step_mean():
     whole steps' micro-steps holds the long-run mean of whole steps about 95% of the time."""
     import random
 
-    from zerotune.probe._stats import step_estimate
+    from zerotune.step_stats import step_estimate
 
     rng, g, hits, runs = random.Random(7), 8, 0, 400
     for _ in range(runs):

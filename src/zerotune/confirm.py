@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ._errors import ZerotuneError
 from .ranking import MAXIMIZE, TIE_MARGIN, Choice, choose_best, clearly_worse, fmt_metric
 from .record import read_session
+from .step_stats import t95_df, welch_df
 from .trial import Measurement, TrialResult, TrialState
 
 if TYPE_CHECKING:
@@ -41,14 +42,23 @@ class Confirmation:
 
 
 def combined(runs: list[TrialResult]) -> Measurement:
-    """The mean of independent re-measurements of one configuration, its 95% half-width from
-    theirs (the half-width of a mean of k estimates: the root sum of squares over k)."""
+    """The mean of independent re-measurements of one configuration. Its 95% interval comes from
+    their standard errors (that of a mean of k estimates: the root sum of squares over k) and
+    their degrees of freedom added up (Welch-Satterthwaite): two short rounds together give the
+    interval of one window as long as both, not the wider one of each round's own t quantile."""
     ms = [r.measurement for r in runs]
     k = len(ms)
     mean = sum(m.step_time_mean for m in ms) / k
-    ci = math.sqrt(sum(m.step_time_ci95 ** 2 for m in ms)) / k
     std = math.sqrt(sum(m.step_time_std ** 2 for m in ms)) / k
-    return replace(ms[0], step_time_mean=mean, step_time_ci95=ci, step_time_std=std,
+    errors = [m.standard_error for m in ms]
+    if all(math.isfinite(se) for se, _ in errors):
+        se = math.sqrt(sum(e * e for e, _ in errors)) / k
+        df = welch_df([(e * e, d + 1) for e, d in errors])
+        ci = t95_df(df) * se
+    else:  # a round with one timed step has no interval of its own: the old, wider rule
+        ci, df = math.sqrt(sum(m.step_time_ci95 ** 2 for m in ms)) / k, None
+    return replace(ms[0], step_time_mean=mean, step_time_ci95=ci if math.isfinite(ci) else mean,
+                   step_time_std=std, step_time_df=df if df is not None and math.isfinite(ci) else None,
                    steps_measured=sum(m.steps_measured for m in ms), stable=all(m.stable for m in ms),
                    timed_seconds=sum(m.timed_seconds for m in ms), early_stop=False)
 
@@ -115,22 +125,34 @@ def _reusable(earlier: list[TrialResult], group: list[TrialResult], metric: str)
 
 def settled(confirmed: list[TrialResult], metric: str) -> bool:
     """True when another round cannot change the choice by more than the tie margin: against the
-    pick, every other candidate is slower beyond noise, or the most it can be faster (its
-    difference plus the 95% interval of the difference) is within TIE_MARGIN. On a quiet
-    machine one interleaved round settles it; where the intervals are wide, a second runs."""
+    pick, every other candidate is slower beyond noise, or the most it can be faster (the upper
+    end of a one-sided 95% interval of its relative difference, see most_faster) is within
+    TIE_MARGIN. On a quiet machine one interleaved round settles it; where the intervals are
+    wide, a second runs."""
     pick = choose_best(confirmed, metric)
     if pick is None or len(confirmed) < 2:
         return True  # the others failed: a failed re-measurement drops its candidate for good
     best = pick.best
-    vb, cb = best.metric(metric), best.metric_ci(metric) or 0.0
-    for c in confirmed:
-        if c is best or clearly_worse(metric, c, best):
-            continue
-        vc, cc = c.metric(metric), c.metric_ci(metric) or 0.0
-        gain = (vc - vb) if MAXIMIZE[metric] else (vb - vc)
-        if gain + math.hypot(cb, cc) > TIE_MARGIN * abs(vb):
-            return False
-    return True
+    return all(c is best or clearly_worse(metric, c, best) or most_faster(c, best, metric) <= TIE_MARGIN
+               for c in confirmed)
+
+
+def most_faster(c: TrialResult, than: TrialResult, metric: str) -> float:
+    """How much faster, as a fraction, ``c`` can be than ``than`` at 95% confidence: their
+    relative difference plus a one-sided Student-t bound on it, with the degrees of freedom of
+    both measurements (Welch-Satterthwaite). Every metric is a step time's reciprocal or the
+    step time itself, so their relative standard errors are the step times'. The question asked
+    is one-sided (can ``c`` be faster by more than the margin?), so the one-sided quantile is
+    the right one, and with few steps it is far smaller than the two-sided one."""
+    mc, mb = c.measurement, than.measurement
+    assert mc is not None and mb is not None, "compared only measured trials"
+    (se_c, df_c), (se_b, df_b) = mc.standard_error, mb.standard_error
+    rel_c, rel_b = se_c / mc.step_time_mean, se_b / mb.step_time_mean
+    vc, vb = c.metric(metric), than.metric(metric)
+    ratio = vc / vb if MAXIMIZE[metric] else vb / vc  # > 1: c is faster
+    se = ratio * math.hypot(rel_c, rel_b)
+    df = welch_df([(rel_c ** 2, df_c + 1), (rel_b ** 2, df_b + 1)])
+    return ratio - 1 + t95_df(df, one_sided=True) * se
 
 
 def _confirmed(by_name: dict[str, list[TrialResult]], group: list[TrialResult]) -> list[TrialResult]:

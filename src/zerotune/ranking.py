@@ -47,17 +47,19 @@ class Choice:
 
 def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
     """The best OK trial. Among trials within noise of the top one, the one with the most
-    memory headroom (lowest peak) wins, and the note says so."""
+    memory headroom (lowest peak) wins, and the note says so. A trial that stopped measuring
+    early is never tied: its probe already showed, at 95% one-sided, that it could not beat the
+    best trial then, and its few steps give it an interval too wide to compare again."""
     ok = [r for r in results if r.state is TrialState.OK and r.metric(metric) is not None]
     if not ok:
         return None
     ok.sort(key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric])
     top = ok[0]
     top_value = abs(top.metric(metric))
-    tied = [r for r in ok if within_noise(metric, r, top)
-            and abs(r.metric(metric) - top.metric(metric)) <= TIE_MARGIN * top_value]
+    tied = [r for r in ok if r is top or (_contender(r) and within_noise(metric, r, top)
+                                          and abs(r.metric(metric) - top.metric(metric)) <= TIE_MARGIN * top_value)]
     best = min(tied, key=lambda r: (r.max_peak or 0, ok.index(r)))
-    ties = [r for r in ok if r is not best and within_noise(metric, r, best)]
+    ties = [r for r in ok if r is not best and _contender(r) and within_noise(metric, r, best)]
     note = ""
     if best is not top:
         note = (f"{best.name} is within noise of the fastest, {top.name} ({fmt_metric(metric, top)} vs "
@@ -66,6 +68,10 @@ def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
         note = (f"{len(ties)} other trial(s) within noise of {best.name}: " + ", ".join(r.name for r in ties)
                 + "; the choice between them is not certain")
     return Choice(best, ties, note)
+
+
+def _contender(r: TrialResult) -> bool:
+    return r.measurement is None or not r.measurement.early_stop
 
 
 UNITS = {"throughput": "samples/s", "latency": "ms/step", "flops": "TFLOP/s"}

@@ -4,9 +4,12 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .step_stats import t95_df
 
 
 class TrialState(str, enum.Enum):
@@ -110,8 +113,6 @@ def _count(v: Any) -> bool:
 
 
 def _number(v: Any, *, positive: bool = False) -> bool:
-    import math
-
     return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             and (v > 0 if positive else v >= 0))
 
@@ -135,6 +136,18 @@ class Measurement:
     """Measuring stopped once the trial clearly could not beat the best so far."""
     timed_seconds: float = 0.0
     """Seconds of the timed steps: the measurement itself, of the trial's wall time."""
+    step_time_df: float | None = None
+    """Degrees of freedom of step_time_ci95's t quantile (steps_measured - 1 for whole steps; fewer
+    or more for an estimate from micro-steps); None where unknown (then see standard_error)."""
+
+    @property
+    def standard_error(self) -> tuple[float, float]:
+        """The step time's standard error and its degrees of freedom, read back from the 95%
+        interval: what comparing or combining measurements needs. Where the degrees of freedom
+        are unknown (results of older versions), steps_measured - 1, the whole-step count's."""
+        df = self.step_time_df if self.step_time_df is not None else self.steps_measured - 1.0
+        t = t95_df(df)
+        return (self.step_time_ci95 / t if math.isfinite(t) else math.inf), df
 
     @property
     def throughput(self) -> float:
@@ -232,7 +245,8 @@ class TrialResult:
             m = {k: v for k, v in m.items() if k in Measurement.__dataclass_fields__}
             if not (_number(m.get("step_time_mean"), positive=True) and _count(m.get("samples_per_step"))
                     and _number(m.get("step_time_ci95")) and _number(m.get("step_time_std"))
-                    and _number(m.get("timed_seconds", 0.0))):
+                    and _number(m.get("timed_seconds", 0.0))
+                    and (m.get("step_time_df") is None or _number(m.get("step_time_df"), positive=True))):
                 raise ValueError("measurement has no positive step time and sample count")
         for key in ("peak_memory", "peak_allocated", "static_memory"):
             if not isinstance(d.get(key, []), list) or not all(_number(v) for v in d.get(key, [])):

@@ -7,7 +7,7 @@ import re
 import signal
 from pathlib import Path
 
-from ..probe._stats import estimate_is_stable, is_stable, summarize
+from ..step_stats import estimate_is_stable, is_stable, summarize
 from ..trial import Measurement, TrialResult, TrialSpec, TrialState
 from ..units import format_size
 
@@ -178,6 +178,7 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
                          f"{rank0.get('warmup_steps')} warm-up steps; let it train longer")
         return result
     mean, std, ci = summarize(intervals)
+    df: float | None = len(intervals) - 1.0
     stable = is_stable(intervals, min_steps=min_steps, rel_ci=rel_ci)
     estimate = rank0.get("estimate")
     if isinstance(estimate, list) and len(estimate) == 3 and all(isinstance(v, (int, float)) for v in estimate) \
@@ -185,11 +186,14 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
         # With accumulation, the step time estimated from its micro-steps (see probe step_estimate).
         mean, std, ci = estimate
         std = std if math.isfinite(std) else mean
+        df = rank0.get("estimate_df")
+        df = float(df) if isinstance(df, (int, float)) and not isinstance(df, bool) and df >= 1 else None
         stable = estimate_is_stable((mean, std, ci), whole_steps=len(intervals), min_steps=min(2, min_steps),
                                     rel_ci=rel_ci)
     result.measurement = Measurement(
         samples_per_step=int(rank0["samples_per_step"]), step_time_mean=mean, step_time_std=std,
         step_time_ci95=ci if math.isfinite(ci) else mean, steps_measured=len(intervals),
+        step_time_df=df if math.isfinite(ci) and df and df >= 1 else None,
         stable=stable,
         tokens_per_sample=rank0.get("tokens_per_sample"), flops_per_step=rank0.get("flops_per_step"),
         flops_note=rank0.get("flops_note") or "", early_stop=bool(rank0.get("early_stop")),

@@ -1,6 +1,7 @@
 """Hooks on DeepSpeed's engine that time optimizer steps and stop the trial when measured."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -8,9 +9,10 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from ..step_stats import (MICRO_STEPS_FROM, estimate_is_stable, is_stable, step_estimate, step_estimate_df,
+                          summarize, t95_df)
 from ..store import write_json
 from ._memory import MemoryReader
-from ._stats import estimate_is_stable, is_stable, step_estimate, summarize
 
 
 SETTLE = 0.15
@@ -182,16 +184,26 @@ class StepProbe:
     def accumulation(self) -> int:
         return int(self.engine.gradient_accumulation_steps()) if self.engine is not None else 1
 
+    def from_micro_steps(self) -> bool:
+        """Whether the step time is estimated from micro-steps (see MICRO_STEPS_FROM)."""
+        return self.accumulation() >= MICRO_STEPS_FROM
+
     def estimate(self) -> tuple[float, float, float]:
         """Mean, standard deviation and 95% half-width of the optimizer step's time: from whole
-        steps without accumulation, from its micro-steps with it (see step_estimate)."""
-        if self.accumulation() <= 1:
+        steps at low accumulation, from its micro-steps above it (see step_estimate)."""
+        if not self.from_micro_steps():
             return summarize(self.intervals())
         plain, boundary = self.parts()
         return step_estimate(plain, boundary, self.accumulation())
 
+    def estimate_df(self) -> float:
+        """Degrees of freedom of estimate()'s interval."""
+        if not self.from_micro_steps():
+            return len(self.intervals()) - 1.0
+        return step_estimate_df(*self.parts(), self.accumulation())
+
     def _stable(self, iv: list[float]) -> bool:
-        if self.accumulation() <= 1:
+        if not self.from_micro_steps():
             return is_stable(iv, min_steps=self.spec["min_steps"], rel_ci=self.spec["rel_ci"])
         # Two whole steps give two boundary samples; the plain micro-steps give the rest.
         return estimate_is_stable(self.estimate(), whole_steps=len(iv), min_steps=min(2, self.spec["min_steps"]),
@@ -208,17 +220,22 @@ class StepProbe:
         return len(iv) >= self.spec["max_steps"] or (len(iv) >= 2 and measuring >= self.spec["max_seconds"])
 
     def _cannot_win(self, iv: list[float]) -> bool:
-        """Even the optimistic end of the 95% interval loses to the best trial so far: more
-        steps would only make a losing estimate more precise."""
+        """Even the optimistic end of a one-sided 95% interval loses to the best trial so far:
+        more steps would only make a losing estimate more precise. One-sided, because the only
+        question is whether it can be faster; so two timed steps can already answer it."""
         target = self.spec.get("to_beat")
-        if not target or len(iv) < max(2, self.spec["min_steps"]) or self.engine is None:
+        if not target or len(iv) < 2 or self.engine is None:
             return False
         mean, _, ci = self.estimate()
+        df = self.estimate_df()
+        two, one = t95_df(df), t95_df(df, one_sided=True)
+        if not (math.isfinite(ci) and math.isfinite(two)):
+            return False
+        fastest = mean - ci * one / two
         if target["metric"] == "throughput":
-            fastest = mean - ci
             return fastest > 0 and self.engine.train_batch_size() / fastest < target["value"]
         if target["metric"] == "latency":
-            return mean - ci > target["value"]
+            return fastest > target["value"]
         return False
 
     def _over_budget(self) -> bool:
@@ -258,7 +275,8 @@ class StepProbe:
             "times": self.times, "intervals": self.intervals(), "warmup_steps": self.warmup(),
             "adaptive_warmup": bool(self.spec.get("adaptive_warmup")),
             # With accumulation, the step time estimated from its micro-steps; else None (whole steps).
-            "estimate": list(self.estimate()) if self.intervals() and self.accumulation() > 1 else None,
+            "estimate": list(self.estimate()) if self.intervals() and self.from_micro_steps() else None,
+            "estimate_df": self.estimate_df() if self.intervals() and self.from_micro_steps() else None,
             "micro_steps": dict(zip(("plain", "boundary"), map(len, self.parts()))),
             "samples_per_step": samples_per_step, "tokens_per_sample": self.tokens_per_sample,
             "observed_batch": self.observed_batch, "note": self.batch_note,

@@ -1,4 +1,5 @@
-"""Statistics of step times, kept free of torch so the tuner can use them too."""
+"""Statistics of step times: the probe uses them to decide when a trial has measured enough, the
+tuner to read, compare and combine its measurements. Free of torch, so both can import it."""
 from __future__ import annotations
 
 import math
@@ -9,8 +10,24 @@ _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045]
 
 
+# One-sided 95% quantiles (the 95th percentile) for 1..29 degrees of freedom; beyond, the normal's.
+_T95_ONE_SIDED = [6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761,
+                  1.753, 1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701,
+                  1.699]
+
+
 def t95(n: int) -> float:
     return _T95[n - 2] if 2 <= n <= len(_T95) + 1 else 1.96
+
+
+def t95_df(df: float, *, one_sided: bool = False) -> float:
+    """The 95% Student-t quantile for ``df`` degrees of freedom (a fraction rounds down, which
+    widens the interval); two-sided unless ``one_sided``. Infinite below one degree of freedom."""
+    if not df >= 1:
+        return math.inf
+    table = _T95_ONE_SIDED if one_sided else _T95
+    k = int(min(df, 1e6))
+    return table[k - 1] if k <= len(table) else (1.645 if one_sided else 1.96)
 
 
 def summarize(intervals: list[float]) -> tuple[float, float, float]:
@@ -42,25 +59,43 @@ def welch_df(parts: list[tuple[float, int]]) -> float:
     return num / den if den > 0 else math.inf
 
 
+MICRO_STEPS_FROM = 3
+"""Gradient accumulation from which a step's time is estimated from its micro-steps. At 2 a
+step has one plain micro-step and the boundary: no more samples than whole steps, and the split
+between them adds the timer's jitter to both parts (their sum's is less), so whole steps give
+the narrower interval there. From 3 on, the plain part's extra samples win."""
+
+
 def step_estimate(micro: list[float], boundary: list[float], accumulation: int) -> tuple[float, float, float]:
     """Mean, standard deviation and 95% half-width of one optimizer step's time, estimated from
     its parts: ``accumulation - 1`` plain micro-steps (forward, backward) and one boundary
     micro-step (forward, backward, gradient reduction, optimizer step), timed separately. At
     accumulation 32 one whole step then yields 31 samples of the plain part, so a few whole
     steps give a tight interval where whole-step timing needs many. The parts are taken as
-    independent; the interval uses Welch-Satterthwaite degrees of freedom."""
-    g = accumulation
-    mb, sb, _ = summarize(boundary)
+    independent; the interval uses Welch-Satterthwaite degrees of freedom (see step_estimate_df)."""
+    mean, std, se, df = _estimate_parts(micro, boundary, accumulation)
+    return mean, std, t95_df(df) * se
+
+
+def step_estimate_df(micro: list[float], boundary: list[float], accumulation: int) -> float:
+    """Degrees of freedom of step_estimate's interval: what a comparison of two estimates, or
+    a combination of several, needs to keep their interval a true 95% one."""
+    return _estimate_parts(micro, boundary, accumulation)[3]
+
+
+def _estimate_parts(micro: list[float], boundary: list[float], g: int) -> tuple[float, float, float, float]:
+    """Mean, standard deviation, standard error and degrees of freedom of the step estimate."""
     if g <= 1 or not micro:
-        return summarize(boundary)
+        mean, std, _ = summarize(boundary)
+        n = len(boundary)
+        return mean, std, (std / math.sqrt(n) if n > 1 else math.inf), n - 1.0
+    mb, sb, _ = summarize(boundary)
     mm, sm, _ = summarize(micro)
     if len(boundary) < 2 or len(micro) < 2:
-        return (g - 1) * mm + mb, math.nan, math.inf
+        return (g - 1) * mm + mb, math.nan, math.inf, 0.0
     parts = [((g - 1) ** 2 * sm * sm / len(micro), len(micro)), (sb * sb / len(boundary), len(boundary))]
     se = math.sqrt(sum(v for v, _ in parts))
-    df = welch_df(parts)
-    t = t95(int(min(df, 1e6)) + 1) if math.isfinite(df) else 1.96
-    return (g - 1) * mm + mb, math.sqrt((g - 1) * sm * sm + sb * sb), t * se
+    return (g - 1) * mm + mb, math.sqrt((g - 1) * sm * sm + sb * sb), se, welch_df(parts)
 
 
 def estimate_is_stable(estimate: tuple[float, float, float], *, whole_steps: int, min_steps: int,
