@@ -206,6 +206,19 @@ def test_with_accumulation_the_step_is_estimated_from_its_micro_steps(probe_fact
     assert out["estimate_df"] > 2  # more than two whole steps' one: the micro-steps count too
 
 
+def test_below_accumulation_8_whole_steps_are_timed(probe_factory, tmp_path):
+    # At accumulation 4 the micro-step estimate gains too few degrees of freedom to pay for the
+    # timer's split between its parts: whole steps are timed, and three settle it.
+    g = 4
+    durations = ([1.0, 1.0, 1.0, 3.0] * 2) + ([1.02, 0.99, 1.0, 2.98] * 20)
+    probe = probe_factory(clock(durations), expect={"stage": 2, "micro_batch": 4, "grad_accum": g})
+    with pytest.raises(Exited):
+        drive_micro(probe, FakeEngine(gas=g), durations)
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert out["state"] == "ok" and out["estimate"] is None and out["estimate_df"] is None
+    assert len(out["intervals"]) == 3
+
+
 def test_the_micro_step_estimate_covers_the_whole_step_mean():
     """Against many whole steps: over seeded simulations, the 95% interval estimated from three
     whole steps' micro-steps holds the long-run mean of whole steps about 95% of the time."""
