@@ -109,6 +109,8 @@ class Cluster:
 
     def command_line(self, script: str, args: list[str]) -> str:
         """The shell line (every word quoted) that trains ``script args`` on this cluster."""
+        from .deepspeed_runner import runner_accepts
+
         words = self.launch_words(script, args, lambda runner: runner_accepts(runner, script, args, self.device))
         return self.shell_line(self.env_words(), words)
 
@@ -141,28 +143,3 @@ class Cluster:
             return (f"# run on each node ({hosts}) with NODE_RANK set to its position in that list (0 first)\n"
                     + line)
         return line
-
-
-def runner_accepts(argv: list[str], script: str, args: list[str], device: str) -> bool:
-    """Whether DeepSpeed's runner would hand ``args`` to the script untouched (its argparse
-    takes abbreviations, so a script flag like --n can be read as its own --num_nodes)."""
-    import logging
-    import os
-
-    logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-    # Importing DeepSpeed probes for an accelerator (and warns) unless told; tell it only for the
-    # import, so that this process's environment is left as the caller had it.
-    saved = os.environ.get("DS_ACCELERATOR")
-    os.environ.setdefault("DS_ACCELERATOR", device)
-    try:
-        from deepspeed.launcher.runner import parse_args
-    except ImportError:
-        return True
-    finally:
-        if saved is None:
-            os.environ.pop("DS_ACCELERATOR", None)
-    try:
-        parsed = parse_args(argv)
-    except SystemExit:
-        return False
-    return parsed.user_script == script and list(parsed.user_args) == list(args)
