@@ -42,6 +42,15 @@ def test_a_micro_step_estimate_keeps_its_degrees_of_freedom(tmp_path):
     assert run(tmp_path).measurement.step_time_df is None
 
 
+def test_an_early_stop_keeps_what_it_lost_to(tmp_path):
+    rank(tmp_path, 0, early_stop=True, lost_to={"metric": "throughput", "value": 40.0})
+    rank(tmp_path, 1)
+    m = run(tmp_path).measurement
+    assert m.early_stop and (m.lost_to, m.lost_to_metric) == (40.0, "throughput")
+    rank(tmp_path, 0, early_stop=True, lost_to={"metric": "throughput", "value": "x"})  # damaged: unknown
+    assert run(tmp_path).measurement.lost_to is None
+
+
 def test_word_error_in_normal_output_is_not_a_failure(tmp_path):
     rank(tmp_path, 0)
     rank(tmp_path, 1)

@@ -145,6 +145,7 @@ def test_stops_early_when_it_cannot_beat_the_best(probe_factory, tmp_path):
     out = json.loads((tmp_path / "rank0.json").read_text())
     # 8 samples/step at ~1 s/step never beats 100/s: two timed steps show it (one-sided bound).
     assert out["early_stop"] and len(out["intervals"]) == 2
+    assert out["lost_to"] == {"metric": "throughput", "value": 100.0}  # what it was shown unable to beat
 
 
 def test_early_stop_needs_the_one_sided_bound_to_lose(probe_factory, tmp_path):

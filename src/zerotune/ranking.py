@@ -32,9 +32,19 @@ def clearly_worse(metric: str, a: TrialResult, than: TrialResult, margin: float 
     va, vb = a.metric(metric), than.metric(metric)
     if va is None or vb is None:
         return va is None and vb is not None
-    if within_noise(metric, a, than):
+    if not shown_worse(metric, a, than) and within_noise(metric, a, than):
         return False
     return better(metric, vb * (1 - margin if MAXIMIZE[metric] else 1 + margin), va)
+
+
+def shown_worse(metric: str, a: TrialResult, than: TrialResult) -> bool:
+    """``a`` stopped measuring early, shown by its probe (one-sided, at 95%) unable to beat a
+    figure ``than`` matches or betters: the noise question is answered, and ``a``'s few steps
+    give it an interval too wide to ask it again."""
+    m, vb = a.measurement, than.metric(metric)
+    if m is None or not m.early_stop or m.lost_to is None or m.lost_to_metric != metric or vb is None:
+        return False
+    return vb == m.lost_to or better(metric, vb, m.lost_to)
 
 
 @dataclass
@@ -47,19 +57,18 @@ class Choice:
 
 def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
     """The best OK trial. Among trials within noise of the top one, the one with the most
-    memory headroom (lowest peak) wins, and the note says so. A trial that stopped measuring
-    early is never tied: its probe already showed, at 95% one-sided, that it could not beat the
-    best trial then, and its few steps give it an interval too wide to compare again."""
+    memory headroom (lowest peak) wins, and the note says so. A trial shown worse by its probe
+    (see shown_worse) is not tied with one at least as good as what it lost to."""
     ok = [r for r in results if r.state is TrialState.OK and r.metric(metric) is not None]
     if not ok:
         return None
     ok.sort(key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric])
     top = ok[0]
     top_value = abs(top.metric(metric))
-    tied = [r for r in ok if r is top or (_contender(r) and within_noise(metric, r, top)
+    tied = [r for r in ok if r is top or (not shown_worse(metric, r, top) and within_noise(metric, r, top)
                                           and abs(r.metric(metric) - top.metric(metric)) <= TIE_MARGIN * top_value)]
     best = min(tied, key=lambda r: (r.max_peak or 0, ok.index(r)))
-    ties = [r for r in ok if r is not best and _contender(r) and within_noise(metric, r, best)]
+    ties = [r for r in ok if r is not best and not shown_worse(metric, r, best) and within_noise(metric, r, best)]
     note = ""
     if best is not top:
         note = (f"{best.name} is within noise of the fastest, {top.name} ({fmt_metric(metric, top)} vs "
@@ -68,10 +77,6 @@ def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
         note = (f"{len(ties)} other trial(s) within noise of {best.name}: " + ", ".join(r.name for r in ties)
                 + "; the choice between them is not certain")
     return Choice(best, ties, note)
-
-
-def _contender(r: TrialResult) -> bool:
-    return r.measurement is None or not r.measurement.early_stop
 
 
 UNITS = {"throughput": "samples/s", "latency": "ms/step", "flops": "TFLOP/s"}

@@ -134,6 +134,10 @@ class Measurement:
     flops_note: str = ""
     early_stop: bool = False
     """Measuring stopped once the trial clearly could not beat the best so far."""
+    lost_to: float | None = None
+    """With early_stop: the best trial's figure it was shown (one-sided, at 95%) unable to beat,
+    in lost_to_metric; None where unknown."""
+    lost_to_metric: str = ""
     timed_seconds: float = 0.0
     """Seconds of the timed steps: the measurement itself, of the trial's wall time."""
     step_time_df: float | None = None
@@ -246,7 +250,7 @@ class TrialResult:
             if not (_number(m.get("step_time_mean"), positive=True) and _count(m.get("samples_per_step"))
                     and _number(m.get("step_time_ci95")) and _number(m.get("step_time_std"))
                     and _number(m.get("timed_seconds", 0.0))
-                    and (m.get("step_time_df") is None or _number(m.get("step_time_df"), positive=True))):
+                    and all(m.get(k) is None or _number(m.get(k), positive=True) for k in ("step_time_df", "lost_to"))):
                 raise ValueError("measurement has no positive step time and sample count")
         for key in ("peak_memory", "peak_allocated", "static_memory"):
             if not isinstance(d.get(key, []), list) or not all(_number(v) for v in d.get(key, [])):

@@ -6,6 +6,7 @@ import math
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 from ..step_stats import estimate_is_stable, is_stable, summarize
 from ..trial import Measurement, TrialResult, TrialSpec, TrialState
@@ -197,6 +198,7 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
         stable=stable,
         tokens_per_sample=rank0.get("tokens_per_sample"), flops_per_step=rank0.get("flops_per_step"),
         flops_note=rank0.get("flops_note") or "", early_stop=bool(rank0.get("early_stop")),
+        **_lost_to(rank0),
         timed_seconds=float(sum(intervals)))
     if budget and result.max_peak and result.max_peak > budget:
         result.state = TrialState.OOM
@@ -205,3 +207,15 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
     result.state = TrialState.OK
     result.reason = "; ".join(reasons + [r["note"] for r in present[:1] if r.get("note")])
     return result
+
+
+def _lost_to(rank0: dict) -> dict[str, Any]:
+    """The best trial's figure an early-stopped trial lost to, as Measurement fields."""
+    lost = rank0.get("lost_to")
+    if not rank0.get("early_stop") or not isinstance(lost, dict):
+        return {}
+    value, metric = lost.get("value"), lost.get("metric")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0 \
+            or metric not in ("throughput", "latency"):
+        return {}
+    return {"lost_to": float(value), "lost_to_metric": metric}

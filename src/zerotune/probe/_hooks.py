@@ -272,6 +272,8 @@ class StepProbe:
             gas = engine.gradient_accumulation_steps()
         return {
             "rank": self.rank, "state": state, "reason": reason, "early_stop": self.early_stop,
+            # The best trial's figure it was shown unable to beat (see _cannot_win).
+            "lost_to": self.spec["to_beat"] if self.early_stop else None,
             "times": self.times, "intervals": self.intervals(), "warmup_steps": self.warmup(),
             "adaptive_warmup": bool(self.spec.get("adaptive_warmup")),
             # With accumulation, the step time estimated from its micro-steps; else None (whole steps).
