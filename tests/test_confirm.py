@@ -167,3 +167,64 @@ def test_a_rerun_that_resumes_reuses_the_re_measurements(tuner_factory):
     assert again.launcher.jobs == []  # nothing measured again, the re-measurements included
     assert result.best.name == best and any("reused" in n for n in result.notes if n.startswith("confirmed:"))
     assert result.cost.remeasured == 2 == len(confirms)  # the one round that settled it, from disk
+
+
+class WarmLauncher(DriftingLauncher):
+    """Every trial runs warm in one slot's processes, which are never retired."""
+
+    def run(self, job):
+        result = super().run(job)
+        result.start = f"warm (trial {len(self.jobs)} of its processes)"
+        return result
+
+
+def warm_tuner(tuner_factory, again_speed, again_ci):
+    launcher = WarmLauncher(FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05),
+                            FakeMachine(speed={1: again_speed, 2: 1.0}, rel_ci=again_ci))
+    return tuner_factory(launcher=launcher, config={"zero_optimization": {"stage": [1, 2]},
+                                                    "train_micro_batch_size_per_gpu": 8})
+
+
+def test_the_trial_just_run_stands_as_its_first_round(tuner_factory):
+    # The search ends with stage 2's trial, a candidate, warm in the processes the confirmation
+    # uses: round 1 is that trial, then stage 1 measured again right after it. One run, not two.
+    tuner = warm_tuner(tuner_factory, again_speed=1.2, again_ci=0.01)
+    result = tuner.tune()
+    trials = [j.spec.name for j in tuner.launcher.jobs if not j.trial_dir.name.startswith("confirm")]
+    confirms = [j.spec.name for j in tuner.launcher.jobs if j.trial_dir.name.startswith("confirm")]
+    assert trials[-1] == "z2_mb8_gas4" and confirms == ["z1_mb8_gas4"]
+    note = next(n for n in result.notes if n.startswith("confirmed:"))
+    assert "(A B; A's first figure is its trial, which ran just before B" in note
+    assert result.best.spec.stage == 1 and result.cost.remeasured == 1
+    # A rerun that resumes reuses it, and measures nothing.
+    again = warm_tuner(tuner_factory, again_speed=1.2, again_ci=0.01)
+    rerun = again.tune()
+    assert again.launcher.jobs == [] and rerun.best.name == result.best.name and rerun.cost.remeasured == 1
+    assert any("reused" in n for n in rerun.notes if n.startswith("confirmed:"))
+
+
+def test_a_second_round_measures_every_candidate_again(tuner_factory):
+    tuner = warm_tuner(tuner_factory, again_speed=1.02, again_ci=0.03)
+    result = tuner.tune()
+    confirms = [(j.spec.name, j.trial_dir.name) for j in tuner.launcher.jobs if j.trial_dir.name.startswith("confirm")]
+    assert confirms == [("z1_mb8_gas4", "confirm1"), ("z2_mb8_gas4", "confirm2"), ("z1_mb8_gas4", "confirm2")]
+    assert "(A B A B; A's first figure" in next(n for n in result.notes if n.startswith("confirmed:"))
+    again = warm_tuner(tuner_factory, again_speed=1.02, again_ci=0.03)
+    assert again.tune().cost.remeasured == 3 and again.launcher.jobs == []
+
+
+def test_a_trial_stopped_early_or_retired_is_measured_again():
+    from types import SimpleNamespace
+
+    from zerotune.confirm import trial_first
+
+    base = measured(1.0, 0.01)
+    warm = replace(base, start="warm (trial 3 of its processes)")
+    group = [warm]
+    tuner = SimpleNamespace(slots=["slot0"])
+    assert trial_first(tuner, SimpleNamespace(last_run=warm), group) == warm.name
+    for last in (replace(warm, retired="a leak"), base,  # retired; cold
+                 replace(warm, measurement=replace(warm.measurement, early_stop=True))):
+        assert trial_first(tuner, SimpleNamespace(last_run=last), group) is None
+    assert trial_first(SimpleNamespace(slots=["a", "b"]), SimpleNamespace(last_run=warm), group) is None
+

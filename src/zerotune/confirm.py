@@ -39,6 +39,10 @@ class Confirmation:
     """Per candidate, its re-measurements combined (for candidates whose every run was OK)."""
     best: str | None = None
     note: str = ""
+    from_trial: str | None = None
+    """The candidate whose first-round figure is its own trial: the last one this tuning ran,
+    just before, in the same processes (see trial_first). Re-measuring it at once would measure
+    the same thing at the same moment again."""
 
 
 def combined(runs: list[TrialResult]) -> Measurement:
@@ -60,16 +64,19 @@ def combined(runs: list[TrialResult]) -> Measurement:
     return replace(ms[0], step_time_mean=mean, step_time_ci95=ci if math.isfinite(ci) else mean,
                    step_time_std=std, step_time_df=df if df is not None and math.isfinite(ci) else None,
                    steps_measured=sum(m.steps_measured for m in ms), stable=all(m.stable for m in ms),
-                   timed_seconds=sum(m.timed_seconds for m in ms), early_stop=False)
+                   timed_seconds=sum(m.timed_seconds for m in ms), early_stop=False, lost_to=None, lost_to_metric="")
 
 
-def earlier_remeasurements(results_dir: Path) -> list[TrialResult]:
-    """The re-measurements the last finished tuning in ``results_dir`` made (none if unreadable)."""
+def earlier_confirmation(results_dir: Path) -> Confirmation | None:
+    """The re-measurements the last finished tuning in ``results_dir`` made (None if unreadable),
+    and which candidate's first round was its trial."""
     try:
         session = read_session(results_dir)
     except ZerotuneError:
-        return []
-    return remeasured_in(session)
+        return None
+    from_trial = session.get("confirm_from_trial")
+    return Confirmation(candidates=[], runs=remeasured_in(session),
+                        from_trial=from_trial if isinstance(from_trial, str) else None)
 
 
 def remeasured_in(session: dict) -> list[TrialResult]:
@@ -82,26 +89,37 @@ def remeasured_in(session: dict) -> list[TrialResult]:
 
 
 def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
-            earlier: list[TrialResult] | None = None) -> Confirmation | None:
+            earlier: Confirmation | None = None) -> Confirmation | None:
     """Re-measure ``choice.best`` and its ties (None when it has none); the choice made on the
-    re-measured figures is ``best``. ``earlier``: the last tuning's re-measurements, reused when
-    this tuning launched nothing (every trial reused: what they measured is unchanged) and they
+    re-measured figures is ``best``. ``earlier``: the last tuning's confirmation, reused when
+    this tuning launched nothing (every trial reused: what they measured is unchanged) and it
     re-measured the same candidates, so that a rerun that resumes measures nothing again."""
     metric = tuner.request.autotuning.metric
     if not choice.ties:
         return None
     group = [choice.best] + sorted(choice.ties, key=lambda r: r.metric(metric), reverse=metric != "latency")
     group = group[:MAX_CANDIDATES]
-    out = Confirmation(candidates=[r.name for r in group])
+    reuse = earlier is not None and bool(earlier.runs) and record.launched == 0
+    first = earlier.from_trial if reuse else trial_first(tuner, record, group)
+    if first not in (r.name for r in group):
+        first = None
+    if first is not None:
+        group = [r for r in group if r.name == first] + [r for r in group if r.name != first]
+    out = Confirmation(candidates=[r.name for r in group], from_trial=first)
     by_name: dict[str, list[TrialResult]] = {r.name: [] for r in group}
-    if earlier and record.launched == 0 and _reusable(earlier, group, metric):
-        for i, result in enumerate(earlier):
+    if first is not None:
+        by_name[first].append(group[0])  # round 1's figure for it: its trial, just before
+    if reuse and _reusable(earlier, group, metric):
+        for i, result in enumerate(earlier.runs):
             out.runs.append(result)
             by_name[result.name].append(result)
-            record.emit("confirm", i // len(group) + 1, result.spec, result, "from disk")
+            record.emit("confirm", 1 if i < len(group) - (first is not None) else 2, result.spec, result,
+                        "from disk")
         return _decide(out, by_name, group, choice, metric, reused=True)
     for round_ in range(1, ROUNDS + 1):
         for r in group:
+            if round_ == 1 and r.name == first:
+                continue
             job = tuner.make_confirm_job(record, r.spec, round_)
             result = tuner.launcher.run(job)
             out.runs.append(result)
@@ -112,15 +130,33 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
     return _decide(out, by_name, group, choice, metric, reused=False)
 
 
-def _reusable(earlier: list[TrialResult], group: list[TrialResult], metric: str) -> bool:
-    """The earlier re-measurements are whole rounds of these candidates in this order, as many
-    as this tuning would run on the same figures."""
+def trial_first(tuner: "Autotuner", record: "TuningRecord", group: list[TrialResult]) -> str | None:
+    """The candidate whose trial can stand as its first-round figure: the last trial this tuning
+    ran, when it is a candidate, ran warm in the one slot the re-measurements use, kept its
+    processes, and measured to the end (not stopped early). Round 1 is then that trial and, right
+    after it in the same processes, the others: interleaved all the same, one run fewer."""
+    last = record.last_run
+    if last is None or len(tuner.slots) != 1 or last.name not in (r.name for r in group):
+        return None
+    m = last.measurement
+    ok = last.state is TrialState.OK and m is not None and not m.early_stop and last.warm and not last.retired
+    return last.name if ok else None
+
+
+def _reusable(earlier: Confirmation, group: list[TrialResult], metric: str) -> bool:
+    """The earlier re-measurements are whole rounds of these candidates in this order (round 1
+    without the one its trial stood for), as many as this tuning would run on the same figures."""
     names = [r.name for r in group]
-    rounds, rest = divmod(len(earlier), len(names))
-    if rest or not 1 <= rounds <= ROUNDS or [r.name for r in earlier] != names * rounds:
+    first_round = names[1:] if earlier.from_trial is not None else names
+    got = [r.name for r in earlier.runs]
+    if got == first_round + names:
+        return True
+    if got != first_round:
         return False
-    by_name = {n: [r for r in earlier if r.name == n] for n in names}
-    return rounds == ROUNDS or settled(_confirmed(by_name, group), metric)
+    by_name = {n: [r for r in earlier.runs if r.name == n] for n in names}
+    if earlier.from_trial is not None:
+        by_name[names[0]].insert(0, group[0])
+    return settled(_confirmed(by_name, group), metric)
 
 
 def settled(confirmed: list[TrialResult], metric: str) -> bool:
@@ -175,14 +211,17 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
     out.best = pick.best.name
     figures = ", ".join(f"{name} {fmt_metric(metric, c)}" for name, c in out.confirmed.items())
     failed = [n for n in out.candidates if n not in out.confirmed]
-    order = " ".join("ABC"[:len(group)] * (len(out.runs) // len(group)))
+    rounds = 1 if len(out.runs) <= len(group) - (out.from_trial is not None) else ROUNDS
+    order = " ".join("ABC"[:len(group)] * rounds)
+    if out.from_trial is not None:
+        order += "; A's first figure is its trial, which ran just before B in the same processes"
     verdict = pick.note or f"chose {out.best}; the others are slower beyond noise"
-    if pick.ties and len(out.runs) < ROUNDS * len(group):
+    if pick.ties and rounds == 1:
         verdict += (f"; after one round none can be more than {TIE_MARGIN:.0%} faster than {out.best}, "
                     "so no second round")
     if out.best != choice.best.name:
         verdict += f" (on the first measurements: {choice.best.name})"
-    out.note = (f"confirmed: re-measured {len(group)} configurations within noise of each other, interleaved "
+    out.note = (f"confirmed: measured {len(group)} configurations within noise of each other again, interleaved "
                 + ("(by an earlier run of this tuning, reused) " if reused else "") +
                 f"({order}): {figures}; {verdict}"
                 + (f"; re-measuring failed for {', '.join(failed)}" if failed else ""))

@@ -65,6 +65,7 @@ class PhaseRun:
                     result.predicted = prediction.throughput if prediction is not None else None
                     self.model.verify(result.name, prediction, result)
                     self.record.save(result, job.config)
+                    self.record.last_run = result
                     self.record.emit("finished", index, suggestion.spec, result)
                     stopped = self._record(searcher, stopper, result) or stopped
         except BaseException:

@@ -72,6 +72,8 @@ class TuningRecord:
         self.trials: list[TrialResult] = []
         self.notes: list[str] = []
         self.launched = 0
+        self.last_run: TrialResult | None = None
+        """The trial this tuning launched that finished last (what ran just before the next)."""
         self.best_name: str | None = None
 
     # -- events --------------------------------------------------------------------------------
@@ -158,11 +160,13 @@ class TuningRecord:
 
     def write_session(self, state: str, *, wall: float = 0.0, notes: list[str] | None = None,
                       best: str | None = None, best_config: dict[str, Any] | None = None,
-                      remeasured: list[dict[str, Any]] | None = None) -> None:
-        """``remeasured``: the re-measurements that confirmed the choice ``best``."""
+                      remeasured: list[dict[str, Any]] | None = None, confirm_from_trial: str | None = None) -> None:
+        """``remeasured``: the re-measurements that confirmed the choice ``best``;
+        ``confirm_from_trial``: the candidate whose trial stood as its first-round figure."""
         write_json(self.root / SESSION, {**self.session, "state": state, "wall_time": wall,
                                          "trials": [t.name for t in self.trials], "notes": list(notes or self.notes),
-                                         "best": best, "best_config": best_config, "remeasured": remeasured or []})
+                                         "best": best, "best_config": best_config, "remeasured": remeasured or [],
+                                         "confirm_from_trial": confirm_from_trial})
 
     def clear_outputs(self) -> None:
         """Remove an earlier tuning's outputs as this one starts (they are written again when it

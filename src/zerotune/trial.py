@@ -251,7 +251,7 @@ class TrialResult:
                     and _number(m.get("step_time_ci95")) and _number(m.get("step_time_std"))
                     and _number(m.get("timed_seconds", 0.0))
                     and all(m.get(k) is None or _number(m.get(k), positive=True) for k in ("step_time_df", "lost_to"))):
-                raise ValueError("measurement has no positive step time and sample count")
+                raise ValueError("measurement has no positive step time and sample count, or a damaged interval")
         for key in ("peak_memory", "peak_allocated", "static_memory"):
             if not isinstance(d.get(key, []), list) or not all(_number(v) for v in d.get(key, [])):
                 raise ValueError(f"{key} is not a list of byte counts")

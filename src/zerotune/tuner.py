@@ -11,7 +11,7 @@ from . import hardware
 from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .accelerate_job import AccelerateLaunch, is_accelerate_launch
 from .cluster import Cluster, check_counts
-from .confirm import CONFIRM_MAX_SECONDS, confirm, earlier_remeasurements
+from .confirm import CONFIRM_MAX_SECONDS, confirm, earlier_confirmation
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
 from .cost import tuning_cost
@@ -201,7 +201,7 @@ class Autotuner:
         if line := self.batch_options_line():
             record.note(line)
         record.clear_outputs()
-        earlier = earlier_remeasurements(self.results_dir)  # read before this tuning's record replaces it
+        earlier = earlier_confirmation(self.results_dir)  # read before this tuning's record replaces it
         record.write_session("running")
         run = PhaseRun(self, record, start)
         confirmation = None
@@ -240,7 +240,8 @@ class Autotuner:
                                    wall_time=wall, launched=record.launched, env=self.cluster.run_env(),
                                    cost=tuning_cost(trials, best, self.own_spec, wall, remeasured=remeasured))
         record.write_session("finished", wall=wall, notes=notes, best=best.name if best else None,
-                             best_config=best_config, remeasured=[r.to_dict() for r in remeasured])
+                             best_config=best_config, remeasured=[r.to_dict() for r in remeasured],
+                             confirm_from_trial=confirmation.from_trial if confirmation is not None else None)
         from .report import write_outputs
 
         write_outputs(self)

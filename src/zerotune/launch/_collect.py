@@ -184,7 +184,7 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
     estimate = rank0.get("estimate")
     if isinstance(estimate, list) and len(estimate) == 3 and all(isinstance(v, (int, float)) for v in estimate) \
             and math.isfinite(estimate[0]) and estimate[0] > 0:
-        # With accumulation, the step time estimated from its micro-steps (see probe step_estimate).
+        # At high accumulation, the step time estimated from its micro-steps (see step_estimate).
         mean, std, ci = estimate
         std = std if math.isfinite(std) else mean
         df = rank0.get("estimate_df")

@@ -276,7 +276,8 @@ class StepProbe:
             "lost_to": self.spec["to_beat"] if self.early_stop else None,
             "times": self.times, "intervals": self.intervals(), "warmup_steps": self.warmup(),
             "adaptive_warmup": bool(self.spec.get("adaptive_warmup")),
-            # With accumulation, the step time estimated from its micro-steps; else None (whole steps).
+            # From accumulation MICRO_STEPS_FROM, the step time estimated from its micro-steps; else None
+            # (whole steps).
             "estimate": list(self.estimate()) if self.intervals() and self.from_micro_steps() else None,
             "estimate_df": self.estimate_df() if self.intervals() and self.from_micro_steps() else None,
             "micro_steps": dict(zip(("plain", "boundary"), map(len, self.parts()))),
