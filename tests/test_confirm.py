@@ -228,3 +228,20 @@ def test_a_trial_stopped_early_or_retired_is_measured_again():
         assert trial_first(tuner, SimpleNamespace(last_run=last), group) is None
     assert trial_first(SimpleNamespace(slots=["a", "b"]), SimpleNamespace(last_run=warm), group) is None
 
+
+
+def test_a_rerun_whose_record_names_another_first_measures_again(tuner_factory):
+    import json
+
+    tuner = warm_tuner(tuner_factory, again_speed=1.2, again_ci=0.01)
+    tuner.tune()
+    session = tuner.results_dir / "tuning.json"
+    data = json.loads(session.read_text())
+    assert data["confirm_from_trial"] == "z2_mb8_gas4"
+    session.write_text(json.dumps({**data, "confirm_from_trial": "z9_mb8_gas4"}))
+    again = warm_tuner(tuner_factory, again_speed=1.2, again_ci=0.01)
+    result = again.tune()
+    # No trial ran just before (all reused): both candidates are measured again, none stands in.
+    assert sorted(j.spec.name for j in again.launcher.jobs) == ["z1_mb8_gas4", "z2_mb8_gas4"]
+    assert result.cost.remeasured == 2 and "first figure" not in next(n for n in result.notes
+                                                                       if n.startswith("confirmed:"))

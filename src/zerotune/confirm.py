@@ -99,23 +99,18 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
         return None
     group = [choice.best] + sorted(choice.ties, key=lambda r: r.metric(metric), reverse=metric != "latency")
     group = group[:MAX_CANDIDATES]
-    reuse = earlier is not None and bool(earlier.runs) and record.launched == 0
-    first = earlier.from_trial if reuse else trial_first(tuner, record, group)
-    if first not in (r.name for r in group):
-        first = None
-    if first is not None:
-        group = [r for r in group if r.name == first] + [r for r in group if r.name != first]
-    out = Confirmation(candidates=[r.name for r in group], from_trial=first)
-    by_name: dict[str, list[TrialResult]] = {r.name: [] for r in group}
-    if first is not None:
-        by_name[first].append(group[0])  # round 1's figure for it: its trial, just before
-    if reuse and _reusable(earlier, group, metric):
-        for i, result in enumerate(earlier.runs):
-            out.runs.append(result)
-            by_name[result.name].append(result)
-            record.emit("confirm", 1 if i < len(group) - (first is not None) else 2, result.spec, result,
-                        "from disk")
-        return _decide(out, by_name, group, choice, metric, reused=True)
+    if earlier is not None and earlier.runs and record.launched == 0:
+        order, first = _first_in(group, earlier.from_trial)
+        if _reusable(earlier, order, first, metric):
+            out, by_name = _start(order, first)
+            for i, result in enumerate(earlier.runs):
+                out.runs.append(result)
+                by_name[result.name].append(result)
+                record.emit("confirm", 1 if i < len(order) - (first is not None) else 2, result.spec, result,
+                            "from disk")
+            return _decide(out, by_name, order, choice, metric, reused=True)
+    group, first = _first_in(group, trial_first(tuner, record, group))
+    out, by_name = _start(group, first)
     for round_ in range(1, ROUNDS + 1):
         for r in group:
             if round_ == 1 and r.name == first:
@@ -143,19 +138,37 @@ def trial_first(tuner: "Autotuner", record: "TuningRecord", group: list[TrialRes
     return last.name if ok else None
 
 
-def _reusable(earlier: Confirmation, group: list[TrialResult], metric: str) -> bool:
+def _first_in(group: list[TrialResult], first: str | None) -> tuple[list[TrialResult], str | None]:
+    """``group`` with ``first`` (a candidate's name, or None) moved to the front."""
+    if first is None or first not in (r.name for r in group):
+        return group, None
+    return [r for r in group if r.name == first] + [r for r in group if r.name != first], first
+
+
+def _start(group: list[TrialResult], first: str | None) -> tuple[Confirmation, dict[str, list[TrialResult]]]:
+    """An empty confirmation of ``group``, and its runs by name: for ``first``, its trial."""
+    by_name: dict[str, list[TrialResult]] = {r.name: [] for r in group}
+    if first is not None:
+        by_name[first].append(group[0])  # round 1's figure for it: its trial, just before
+    return Confirmation(candidates=[r.name for r in group], from_trial=first), by_name
+
+
+def _reusable(earlier: Confirmation, group: list[TrialResult], first: str | None, metric: str) -> bool:
     """The earlier re-measurements are whole rounds of these candidates in this order (round 1
-    without the one its trial stood for), as many as this tuning would run on the same figures."""
+    without ``first``, whose trial stood for it), as many as this tuning would run on the same
+    figures."""
+    if first != earlier.from_trial:
+        return False  # its trial stood for a candidate that is none now
     names = [r.name for r in group]
-    first_round = names[1:] if earlier.from_trial is not None else names
+    first_round = names[1:] if first is not None else names
     got = [r.name for r in earlier.runs]
     if got == first_round + names:
         return True
     if got != first_round:
         return False
     by_name = {n: [r for r in earlier.runs if r.name == n] for n in names}
-    if earlier.from_trial is not None:
-        by_name[names[0]].insert(0, group[0])
+    if first is not None:
+        by_name[first].insert(0, group[0])
     return settled(_confirmed(by_name, group), metric)
 
 
