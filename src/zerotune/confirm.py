@@ -106,8 +106,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
             for i, result in enumerate(earlier.runs):
                 out.runs.append(result)
                 by_name[result.name].append(result)
-                record.emit("confirm", 1 if i < len(order) - (first is not None) else 2, result.spec, result,
-                            "from disk")
+                record.emit("confirm", 1 if i < _first_round(out) else 2, result.spec, result, "from disk")
             return _decide(out, by_name, order, choice, metric, reused=True)
     group, first = _first_in(group, trial_first(tuner, record, group))
     out, by_name = _start(group, first)
@@ -145,6 +144,11 @@ def _first_in(group: list[TrialResult], first: str | None) -> tuple[list[TrialRe
     return [r for r in group if r.name == first] + [r for r in group if r.name != first], first
 
 
+def _first_round(out: Confirmation) -> int:
+    """Re-measurements in the first round: every candidate but the one its trial stood for."""
+    return len(out.candidates) - (out.from_trial is not None)
+
+
 def _start(group: list[TrialResult], first: str | None) -> tuple[Confirmation, dict[str, list[TrialResult]]]:
     """An empty confirmation of ``group``, and its runs by name: for ``first``, its trial."""
     by_name: dict[str, list[TrialResult]] = {r.name: [] for r in group}
@@ -160,7 +164,7 @@ def _reusable(earlier: Confirmation, group: list[TrialResult], first: str | None
     if first != earlier.from_trial:
         return False  # its trial stood for a candidate that is none now
     names = [r.name for r in group]
-    first_round = names[1:] if first is not None else names
+    first_round = names[1:] if first is not None else names  # see _first_round
     got = [r.name for r in earlier.runs]
     if got == first_round + names:
         return True
@@ -224,7 +228,7 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
     out.best = pick.best.name
     figures = ", ".join(f"{name} {fmt_metric(metric, c)}" for name, c in out.confirmed.items())
     failed = [n for n in out.candidates if n not in out.confirmed]
-    rounds = 1 if len(out.runs) <= len(group) - (out.from_trial is not None) else ROUNDS
+    rounds = 1 if len(out.runs) <= _first_round(out) else ROUNDS
     order = " ".join("ABC"[:len(group)] * rounds)
     if out.from_trial is not None:
         order += "; A's first figure is its trial, which ran just before B in the same processes"

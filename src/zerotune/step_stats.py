@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
-# Two-sided 95% Student-t quantiles for n-1 degrees of freedom; beyond 30 the normal value.
+# Two-sided 95% Student-t quantiles for 1..29 degrees of freedom; beyond, the normal's.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045]
 
@@ -13,10 +13,6 @@ _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 _T95_ONE_SIDED = [6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761,
                   1.753, 1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701,
                   1.699]
-
-
-def t95(n: int) -> float:
-    return _T95[n - 2] if 2 <= n <= len(_T95) + 1 else 1.96
 
 
 def t95_df(df: float, *, one_sided: bool = False) -> float:
@@ -38,7 +34,7 @@ def summarize(intervals: list[float]) -> tuple[float, float, float]:
     if n == 1:
         return mean, 0.0, math.inf
     std = statistics.stdev(intervals)
-    return mean, std, t95(n) * std / math.sqrt(n)
+    return mean, std, t95_df(n - 1) * std / math.sqrt(n)
 
 
 def is_stable(intervals: list[float], *, min_steps: int, rel_ci: float) -> bool:
