@@ -1,7 +1,7 @@
 """Comparing measured trials: ties, headroom, and trials that stopped measuring early."""
 from dataclasses import replace
 
-from zerotune.ranking import choose_best, clearly_worse, shown_worse
+from zerotune.ranking import TIE_MARGIN, choose_best, clearly_worse, most_faster, shown_worse
 from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
 
 
@@ -14,13 +14,13 @@ def trial(stage, step, ci, peak, lost_to=None):
 
 
 def test_a_trial_shown_worse_by_its_probe_is_not_tied_with_what_beat_it():
-    # Stage 2 is 2% slower with a wide interval (two steps): within noise of stage 1, with less
-    # memory. Measured to the end, it is a tie and wins on headroom; stopped early, shown unable
+    # Stage 2 is 1% slower: within noise of stage 1, with less memory, and shown at most 3%
+    # slower. Measured to the end, it is a tie and wins on headroom; stopped early, shown unable
     # to beat stage 1's 32 samples/s, it is neither tied nor picked.
     fast = trial(1, 2.00, 0.02, peak=900)  # 32 samples/s
-    slow = trial(2, 2.04, 0.20, peak=500)
+    slow = trial(2, 2.02, 0.02, peak=500)
     choice = choose_best([fast, slow], "throughput")
-    assert choice.best is slow and choice.ties == [fast]
+    assert choice.best is slow and choice.ties == [fast] and "for its memory headroom" in choice.note
     stopped = replace(slow, measurement=replace(slow.measurement, early_stop=True, lost_to=32.0,
                                                 lost_to_metric="throughput"))
     choice = choose_best([fast, stopped], "throughput")
@@ -35,4 +35,25 @@ def test_losing_to_a_better_trial_says_nothing_about_a_weaker_one():
     stopped = trial(2, 2.04, 0.20, peak=500, lost_to=40.0)
     assert not shown_worse("throughput", stopped, weaker) and not clearly_worse("throughput", stopped, weaker)
     assert not shown_worse("latency", stopped, weaker)  # another metric's figure
-    assert choose_best([weaker, stopped], "throughput").best is stopped  # tied, and more headroom
+    choice = choose_best([weaker, stopped], "throughput")
+    assert choice.ties == [stopped]  # within noise: not shown worse than the weaker one
+    assert choice.best is weaker  # but its two wide steps may hide a 7% loss: no headroom pick
+
+
+def test_headroom_wins_only_where_its_cost_is_shown_within_the_margin():
+    # 2% slower with a wide interval (two steps): within noise, but possibly 7% slower (one-sided
+    # 95%), which is more than headroom may cost: the fastest stands, and the note says why.
+    fast = trial(1, 2.00, 0.02, peak=900)
+    lean = trial(2, 2.04, 0.20, peak=500)
+    assert most_faster(fast, lean, "throughput") > TIE_MARGIN
+    choice = choose_best([fast, lean], "throughput")
+    assert choice.best is fast and choice.ties == [lean]
+    assert "z2_mb8_gas1 has more memory headroom, but it may be up to 7.0% slower" in choice.note
+    # 1.5% slower over eight steps: within noise, and shown within the margin: headroom wins.
+    tight = replace(lean, measurement=replace(lean.measurement, step_time_mean=2.03, step_time_ci95=0.03,
+                                              steps_measured=8))
+    assert most_faster(fast, tight, "throughput") <= TIE_MARGIN
+    assert choose_best([fast, tight], "throughput").best is tight
+    # A trial with a single timed step has no interval: never a headroom pick.
+    one = replace(lean, measurement=replace(lean.measurement, step_time_ci95=0.0, steps_measured=1))
+    assert choose_best([fast, one], "throughput").best is fast

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._errors import ZerotuneError
-from .ranking import MAXIMIZE, TIE_MARGIN, Choice, choose_best, clearly_worse, fmt_metric
+from .ranking import TIE_MARGIN, Choice, choose_best, clearly_worse, fmt_metric, most_faster
 from .record import read_session
 from .step_stats import t95_df, welch_df
 from .trial import Measurement, TrialResult, TrialState
@@ -180,32 +180,15 @@ def settled(confirmed: list[TrialResult], metric: str) -> bool:
     """True when another round cannot change the choice by more than the tie margin: against the
     pick, every other candidate is slower beyond noise, or the most it can be faster (the upper
     end of a one-sided 95% interval of its relative difference, see most_faster) is within
-    TIE_MARGIN. On a quiet machine one interleaved round settles it; where the intervals are
-    wide, a second runs."""
+    TIE_MARGIN. A pick made for its headroom is already shown that close to the fastest (see
+    headroom_costs_little), and a pick that is the fastest faces only slower candidates, so
+    one interleaved round settles it unless the intervals are wide; then a second runs."""
     pick = choose_best(confirmed, metric)
     if pick is None or len(confirmed) < 2:
         return True  # the others failed: a failed re-measurement drops its candidate for good
     best = pick.best
     return all(c is best or clearly_worse(metric, c, best) or most_faster(c, best, metric) <= TIE_MARGIN
                for c in confirmed)
-
-
-def most_faster(c: TrialResult, than: TrialResult, metric: str) -> float:
-    """How much faster, as a fraction, ``c`` can be than ``than`` at 95% confidence: their
-    relative difference plus a one-sided Student-t bound on it, with the degrees of freedom of
-    both measurements (Welch-Satterthwaite). Every metric is a step time's reciprocal or the
-    step time itself, so their relative standard errors are the step times'. The question asked
-    is one-sided (can ``c`` be faster by more than the margin?), so the one-sided quantile is
-    the right one, and with few steps it is far smaller than the two-sided one."""
-    mc, mb = c.measurement, than.measurement
-    assert mc is not None and mb is not None, "compared only measured trials"
-    (se_c, df_c), (se_b, df_b) = mc.standard_error, mb.standard_error
-    rel_c, rel_b = se_c / mc.step_time_mean, se_b / mb.step_time_mean
-    vc, vb = c.metric(metric), than.metric(metric)
-    ratio = vc / vb if MAXIMIZE[metric] else vb / vc  # > 1: c is faster
-    se = ratio * math.hypot(rel_c, rel_b)
-    df = welch_df([(rel_c ** 2, df_c + 1), (rel_b ** 2, df_b + 1)])
-    return ratio - 1 + t95_df(df, one_sided=True) * se
 
 
 def _confirmed(by_name: dict[str, list[TrialResult]], group: list[TrialResult]) -> list[TrialResult]:

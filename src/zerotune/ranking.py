@@ -4,14 +4,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .step_stats import t95_df, welch_df
 from .trial import TrialResult, TrialState
 
 MAXIMIZE = {"throughput": True, "flops": True, "latency": False}
 NOISE_FLOOR = 0.01
 """Relative differences below this are never called real, however tight the intervals."""
 TIE_MARGIN = 0.03
-"""Headroom may win over speed only within this relative difference: a wide interval makes
-many configs statistically tied, but trading a 10% slower estimate for headroom is a bad bet."""
+"""Headroom may win over speed only where it is shown to cost at most this much (see
+headroom_costs_little): a wide interval makes many configs statistically tied, but trading a
+possibly 10% slower config for headroom is a bad bet."""
 
 
 def better(metric: str, a: float, b: float) -> bool:
@@ -47,6 +49,35 @@ def shown_worse(metric: str, a: TrialResult, than: TrialResult) -> bool:
     return vb == m.lost_to or better(metric, vb, m.lost_to)
 
 
+def most_faster(c: TrialResult, than: TrialResult, metric: str) -> float:
+    """How much faster, as a fraction, ``c`` can be than ``than`` at 95% confidence: their
+    relative difference plus a one-sided Student-t bound on it, with the degrees of freedom of
+    both measurements (Welch-Satterthwaite). Every metric is a step time's reciprocal or the
+    step time itself, so their relative standard errors are the step times'. The question asked
+    is one-sided (can ``c`` be faster by more than a margin?), so the one-sided quantile is the
+    right one, and with few steps it is far smaller than the two-sided one. Infinite where
+    either measurement has no interval (one timed step)."""
+    mc, mb = c.measurement, than.measurement
+    assert mc is not None and mb is not None, "compared only measured trials"
+    (se_c, df_c), (se_b, df_b) = mc.standard_error, mb.standard_error
+    if not (math.isfinite(se_c) and math.isfinite(se_b)):
+        return math.inf
+    rel_c, rel_b = se_c / mc.step_time_mean, se_b / mb.step_time_mean
+    vc, vb = c.metric(metric), than.metric(metric)
+    ratio = vc / vb if MAXIMIZE[metric] else vb / vc  # > 1: c is faster
+    se = ratio * math.hypot(rel_c, rel_b)
+    df = welch_df([(rel_c ** 2, df_c + 1), (rel_b ** 2, df_b + 1)])
+    return ratio - 1 + t95_df(df, one_sided=True) * se
+
+
+def headroom_costs_little(metric: str, r: TrialResult, top: TrialResult) -> bool:
+    """``r`` may be chosen over the faster ``top`` for its memory headroom: within noise of it,
+    not shown worse by its probe, and ``top`` shown (one-sided, at 95%) to be at most TIE_MARGIN
+    faster. A 2% gap measured on a few noisy steps may hide a 5% one: there the fastest wins."""
+    return (not shown_worse(metric, r, top) and within_noise(metric, r, top)
+            and most_faster(top, r, metric) <= TIE_MARGIN)
+
+
 @dataclass
 class Choice:
     best: TrialResult
@@ -57,25 +88,31 @@ class Choice:
 
 def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
     """The best OK trial. Among trials within noise of the top one, the one with the most
-    memory headroom (lowest peak) wins, and the note says so. A trial shown worse by its probe
-    (see shown_worse) is not tied with one at least as good as what it lost to."""
+    memory headroom (lowest peak) wins where its cost is shown small (headroom_costs_little),
+    and the note says so. A trial shown worse by its probe (see shown_worse) is not tied with
+    one at least as good as what it lost to."""
     ok = [r for r in results if r.state is TrialState.OK and r.metric(metric) is not None]
     if not ok:
         return None
     ok.sort(key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric])
     top = ok[0]
-    top_value = abs(top.metric(metric))
-    tied = [r for r in ok if r is top or (not shown_worse(metric, r, top) and within_noise(metric, r, top)
-                                          and abs(r.metric(metric) - top.metric(metric)) <= TIE_MARGIN * top_value)]
+    tied = [r for r in ok if r is top or headroom_costs_little(metric, r, top)]
     best = min(tied, key=lambda r: (r.max_peak or 0, ok.index(r)))
     ties = [r for r in ok if r is not best and not shown_worse(metric, r, best) and within_noise(metric, r, best)]
     note = ""
     if best is not top:
         note = (f"{best.name} is within noise of the fastest, {top.name} ({fmt_metric(metric, top)} vs "
-                f"{fmt_metric(metric, best)}); chose {best.name} for its memory headroom")
+                f"{fmt_metric(metric, best)}), and shown at most {TIE_MARGIN:.0%} slower; chose {best.name} "
+                "for its memory headroom")
     elif ties:
         note = (f"{len(ties)} other trial(s) within noise of {best.name}: " + ", ".join(r.name for r in ties)
                 + "; the choice between them is not certain")
+        leaner = [r for r in ties if (r.max_peak or 0) < (best.max_peak or 0)]
+        if leaner:
+            lean = min(leaner, key=lambda r: r.max_peak or 0)
+            note += (f"; {lean.name} has more memory headroom, but it may be up to "
+                     f"{most_faster(best, lean, metric):.1%} slower (95%), more than the {TIE_MARGIN:.0%} "
+                     "headroom may cost, so the fastest stands")
     return Choice(best, ties, note)
 
 
