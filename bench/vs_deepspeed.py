@@ -2,9 +2,10 @@
 
 Both tune the same space (all ZeRO stages, fast mode, the same micro-batch bounds and global
 batch) one after the other. Then each chosen config is re-measured independently, interleaved
-(A, B, A, B, ...), with the same end-to-end step timing, and the median is reported.
+in alternating order (A B, B A, ...), with the same end-to-end step timing, and the median is
+reported.
 
-    DS_ACCELERATOR=cpu python bench/vs_deepspeed.py [--model small] [--reps 3]
+    DS_ACCELERATOR=cpu python bench/vs_deepspeed.py [--model small] [--reps 4]
 
 Last line: vs_deepspeed: time_ratio=<zerotune/deepspeed> throughput_ratio=<zerotune/deepspeed> trials=<z>/<d>
 """
@@ -127,7 +128,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="small", choices=["tiny", "small", "medium"])
     p.add_argument("--num-gpus", type=int, default=2)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=4,
+                   help="re-measurement rounds, in alternating order (default 4: A B, B A, A B, B A)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "vs_deepspeed"))
     args = p.parse_args()
     out = Path(args.out)
@@ -146,8 +148,11 @@ def main() -> None:
     print(f"zerotune:            {z_trials} trials, {z_time:.0f} s, chose {describe(z_best)}", flush=True)
 
     runs: dict[str, list[float]] = {"deepspeed": [], "zerotune": []}
+    pair = [("deepspeed", d_best), ("zerotune", z_best)]
     for rep in range(args.reps):
-        for name, cfg in (("deepspeed", d_best), ("zerotune", z_best)):
+        # A B, B A, A B, ...: whatever favours the first (or the second) of a pair, on a machine
+        # that drifts, falls on both alike; with one order, identical configs read 2-3% apart.
+        for name, cfg in (pair if rep % 2 == 0 else pair[::-1]):
             runs[name].append(measure(cfg, f"{name}{rep}", out, args))
             print(f"  re-measure {rep + 1}/{args.reps} {name}: {runs[name][-1]:.2f} samples/s", flush=True)
     d_tp, z_tp = statistics.median(runs["deepspeed"]), statistics.median(runs["zerotune"])
