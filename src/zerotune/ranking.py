@@ -110,8 +110,10 @@ def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
         leaner = [r for r in ties if (r.max_peak or 0) < (best.max_peak or 0)]
         if leaner:
             lean = min(leaner, key=lambda r: r.max_peak or 0)
-            note += (f"; {lean.name} has more memory headroom, but it may be up to "
-                     f"{most_faster(best, lean, metric):.1%} slower (95%), more than the {TIE_MARGIN:.0%} "
+            bound = most_faster(best, lean, metric)
+            cost = (f"it may be up to {bound:.1%} slower (95%)" if math.isfinite(bound)
+                    else "its cost is unknown (a measurement of one timed step has no interval)")
+            note += (f"; {lean.name} has more memory headroom, but {cost}, more than the {TIE_MARGIN:.0%} "
                      "headroom may cost, so the fastest stands")
     return Choice(best, ties, note)
 
