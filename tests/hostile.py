@@ -122,6 +122,8 @@ def damages(results: Path) -> list[tuple[str, callable]]:
         ("null result", put(trial / "result.json", json.dumps({**result, "result": None}))),
         ("zero step time", with_result(measurement={**(result["result"]["measurement"] or {}),
                                                     "step_time_mean": 0})),
+        ("absurd interval", with_result(measurement={**(result["result"]["measurement"] or {}),
+                                                     "step_time_ci95": 1e300})),
         ("string stage", with_result(spec={**result["result"]["spec"], "stage": "2"})),
         ("unknown state", with_result(state="great")),
         ("corrupt best ds_config", put(results / (data.get("best") or trial.name) / "ds_config.json", "{oops")),

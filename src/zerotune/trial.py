@@ -112,6 +112,12 @@ def _count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
+CI_CEILING = 13.0
+"""A step time's 95% half-width is never more than this many times its mean: positive step
+times keep the standard error below the mean, and the widest t quantile (one degree of
+freedom) is 12.706. Above it, a result file was damaged."""
+
+
 def _number(v: Any, *, positive: bool = False) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             and (v > 0 if positive else v >= 0))
@@ -252,6 +258,8 @@ class TrialResult:
                     and _number(m.get("timed_seconds", 0.0))
                     and all(m.get(k) is None or _number(m.get(k), positive=True) for k in ("step_time_df", "lost_to"))):
                 raise ValueError("measurement has no positive step time and sample count, or a damaged interval")
+            if m["step_time_ci95"] > CI_CEILING * m["step_time_mean"]:
+                raise ValueError("measurement has an interval no measurement can have")
         for key in ("peak_memory", "peak_allocated", "static_memory"):
             if not isinstance(d.get(key, []), list) or not all(_number(v) for v in d.get(key, [])):
                 raise ValueError(f"{key} is not a list of byte counts")
