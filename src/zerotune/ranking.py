@@ -34,7 +34,7 @@ def clearly_worse(metric: str, a: TrialResult, than: TrialResult, margin: float 
     va, vb = a.metric(metric), than.metric(metric)
     if va is None or vb is None:
         return va is None and vb is not None
-    if not shown_worse(metric, a, than) and within_noise(metric, a, than):
+    if tied_with(metric, a, than):
         return False
     return better(metric, vb * (1 - margin if MAXIMIZE[metric] else 1 + margin), va)
 
@@ -70,12 +70,16 @@ def most_faster(c: TrialResult, than: TrialResult, metric: str) -> float:
     return ratio - 1 + t95_df(df, one_sided=True) * se
 
 
+def tied_with(metric: str, r: TrialResult, other: TrialResult) -> bool:
+    """``r`` is within noise of ``other`` and not shown worse than it by its probe."""
+    return not shown_worse(metric, r, other) and within_noise(metric, r, other)
+
+
 def headroom_costs_little(metric: str, r: TrialResult, top: TrialResult) -> bool:
-    """``r`` may be chosen over the faster ``top`` for its memory headroom: within noise of it,
-    not shown worse by its probe, and ``top`` shown (one-sided, at 95%) to be at most TIE_MARGIN
-    faster. A 2% gap measured on a few noisy steps may hide a 5% one: there the fastest wins."""
-    return (not shown_worse(metric, r, top) and within_noise(metric, r, top)
-            and most_faster(top, r, metric) <= TIE_MARGIN)
+    """``r`` may be chosen over the faster ``top`` for its memory headroom: tied with it, and
+    ``top`` shown (one-sided, at 95%) to be at most TIE_MARGIN faster. A 2% gap measured on a
+    few noisy steps may hide a 5% one: there the fastest wins."""
+    return tied_with(metric, r, top) and most_faster(top, r, metric) <= TIE_MARGIN
 
 
 @dataclass
@@ -98,7 +102,7 @@ def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
     top = ok[0]
     tied = [r for r in ok if r is top or headroom_costs_little(metric, r, top)]
     best = min(tied, key=lambda r: (r.max_peak or 0, ok.index(r)))
-    ties = [r for r in ok if r is not best and not shown_worse(metric, r, best) and within_noise(metric, r, best)]
+    ties = [r for r in ok if r is not best and tied_with(metric, r, best)]
     note = ""
     if best is not top:
         note = (f"{best.name} is within noise of the fastest, {top.name} ({fmt_metric(metric, top)} vs "
