@@ -133,9 +133,14 @@ def run_scenario(scenario, work):
         t.fit(Regressor(cpu_adam=True), data())
         report(t, offload=t.strategy.config["zero_optimization"]["offload_param"]["device"])
     elif scenario in ("config_dict", "config_path", "config_env"):
+        # Both ranks write the same file: atomically, or one rank can read it while the other
+        # has just truncated it (a JSONDecodeError on one rank only, after which the ranks'
+        # collectives no longer match and every later scenario fails).
         path = os.path.join(work, "ds.json")
-        with open(path, "w") as f:
+        rank_copy = f"{path}.rank{os.environ.get('LOCAL_RANK', '0')}"
+        with open(rank_copy, "w") as f:
             json.dump({**cfg, "zero_optimization": {"stage": 1}}, f)
+        os.replace(rank_copy, path)
         if scenario == "config_dict":
             strategy = AutotuneDeepSpeedStrategy(config={**cfg, "zero_optimization": {"stage": 1}})
         elif scenario == "config_path":
