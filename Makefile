@@ -4,6 +4,10 @@
 # set-up compiles DeepSpeed's CPU ops into torch's extension cache, where DeepSpeed would at first use.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# As in an activated venv: DeepSpeed builds its CPU ops with the first `ninja` on PATH, and the
+# set-up's build, the demo and the tests must use the same one (pip's ninja and a system one hash
+# build commands differently, so switching between them rebuilds the ops, about a minute each).
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 STAMP := $(VENV)/.zerotune-installed
 TEST_STAMP := $(VENV)/.zerotune-test-installed
 

@@ -1,4 +1,5 @@
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -11,6 +12,14 @@ from zerotune.hardware import Node  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1024**3
+
+# Every process the tests start finds this environment's tools first, as in an activated venv.
+# DeepSpeed JIT-builds its CPU ops with the first `ninja` on PATH, and pip's ninja (a DeepSpeed
+# dependency) and a system one hash build commands differently: tests alternating between them
+# rebuilt the ops, about a minute each time, twice in every run of the suite.
+_BIN = str(Path(sys.executable).parent)
+if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
+    os.environ["PATH"] = os.pathsep.join(p for p in (_BIN, os.environ.get("PATH", "")) if p)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("transformers", reason="the [hf] extra (transformers, accelerate) is not installed")
-ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}  # conftest put this venv's bin (accelerate, deepspeed) first on PATH
 BATCH = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
 # A small GPT-2 so that two stages tune in about a minute; the command is the README's otherwise.
 MODEL = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--vocab_size", "512", "--seq_len", "64"]
