@@ -25,8 +25,14 @@ MAX_CANDIDATES = 3
 ROUNDS = 2
 """Interleaved rounds at most; the second runs only where the first did not settle the choice."""
 CONFIRM_MAX_SECONDS = 5.0
-"""Each re-measurement measures at most this long: two interleaved rounds, not one long window,
-are what make the comparison fair, and a tie costs a few seconds per candidate to settle."""
+"""Each re-measurement measures about this long (see confirm_seconds): two interleaved rounds,
+not one long window, are what make the comparison fair, and a tie costs a few seconds per
+candidate to settle."""
+CONFIRM_MIN_STEPS = 2.5
+"""...but at least this many of the config's step times, so that it ends after its third timed
+step: a probe stops at the first step past its time, and two steps (one degree of freedom, a t
+quantile of 12.7) left intervals too wide to settle anything in two rounds, where three (4.3)
+usually settle it in one."""
 
 
 @dataclass(kw_only=True)
@@ -65,6 +71,12 @@ def combined(runs: list[TrialResult]) -> Measurement:
                    step_time_std=std, step_time_df=df if df is not None and math.isfinite(ci) else None,
                    steps_measured=sum(m.steps_measured for m in ms), stable=all(m.stable for m in ms),
                    timed_seconds=sum(m.timed_seconds for m in ms), early_stop=False, lost_to=None, lost_to_metric="")
+
+
+def confirm_seconds(trial: TrialResult) -> float:
+    """How long one re-measurement of ``trial``'s config measures (see CONFIRM_MIN_STEPS)."""
+    step = trial.measurement.step_time_mean if trial.measurement is not None else math.nan
+    return max(CONFIRM_MAX_SECONDS, CONFIRM_MIN_STEPS * step) if math.isfinite(step) else CONFIRM_MAX_SECONDS
 
 
 def earlier_confirmation(results_dir: Path) -> Confirmation | None:
@@ -114,7 +126,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
         for r in group:
             if round_ == 1 and r.name == first:
                 continue
-            job = tuner.make_confirm_job(record, r.spec, round_)
+            job = tuner.make_confirm_job(record, r.spec, round_, confirm_seconds(r))
             result = tuner.launcher.run(job)
             out.runs.append(result)
             by_name[r.name].append(result)

@@ -5,24 +5,39 @@ from __future__ import annotations
 import math
 import statistics
 
-# Two-sided 95% Student-t quantiles for 1..29 degrees of freedom; beyond, the normal's.
+# Two-sided 95% Student-t quantiles for 1..29 degrees of freedom.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045]
 
-# One-sided 95% quantiles (the 95th percentile) for 1..29 degrees of freedom; beyond, the normal's.
+# One-sided 95% quantiles (the 95th percentile) for 1..29 degrees of freedom.
 _T95_ONE_SIDED = [6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761,
                   1.753, 1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701,
                   1.699]
 
+# Beyond: 30, 40, 60 and 120 degrees of freedom (rounded up), then the normal's quantile.
+_TAIL = {False: [(30, 2.043), (40, 2.022), (60, 2.001), (120, 1.980), (math.inf, 1.960)],
+         True: [(30, 1.698), (40, 1.685), (60, 1.671), (120, 1.658), (math.inf, 1.645)]}
+
+# (1/df, quantile) from df = 1 to df = infinity (1/df = 0), for interpolation.
+_KNOTS = {one_sided: [(1 / (i + 1), t) for i, t in enumerate(_T95_ONE_SIDED if one_sided else _T95)] +
+          [(1 / df, t) for df, t in _TAIL[one_sided]] for one_sided in (False, True)}
+
 
 def t95_df(df: float, *, one_sided: bool = False) -> float:
-    """The 95% Student-t quantile for ``df`` degrees of freedom (a fraction rounds down, which
-    widens the interval); two-sided unless ``one_sided``. Infinite below one degree of freedom."""
+    """The 95% Student-t quantile for ``df`` degrees of freedom; two-sided unless ``one_sided``.
+    Infinite below one degree of freedom. Between the tabulated degrees of freedom (a fraction,
+    as Welch-Satterthwaite's are, or beyond 30) it interpolates linearly in 1/df: the quantile
+    is convex in 1/df, so the chord lies just above it and the interval stays a 95% one.
+    (Rounding down instead took 1.8 degrees of freedom as 1, a quantile of 12.7 for one near 5;
+    and every df from 30 as the normal's 1.96, below t's.)"""
     if not df >= 1:
         return math.inf
-    table = _T95_ONE_SIDED if one_sided else _T95
-    k = int(min(df, 1e6))
-    return table[k - 1] if k <= len(table) else (1.645 if one_sided else 1.96)
+    x = 1 / df
+    knots = _KNOTS[one_sided]
+    for (x0, t0), (x1, t1) in zip(knots, knots[1:]):
+        if x1 <= x <= x0:
+            return t0 if x == x0 else t1 + (t0 - t1) * (x - x1) / (x0 - x1)
+    raise AssertionError(f"1/df = {x} outside (0, 1]")  # df >= 1 always lands in a segment
 
 
 def summarize(intervals: list[float]) -> tuple[float, float, float]:

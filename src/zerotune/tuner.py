@@ -11,7 +11,7 @@ from . import hardware
 from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .accelerate_job import AccelerateLaunch, is_accelerate_launch
 from .cluster import Cluster, check_counts
-from .confirm import CONFIRM_MAX_SECONDS, confirm, earlier_confirmation
+from .confirm import confirm, earlier_confirmation
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
 from .cost import tuning_cost
@@ -294,15 +294,16 @@ class Autotuner:
             write_json(Path(at.exps_dir) / f"{spec.name}.json", exp)
         return job
 
-    def make_confirm_job(self, record: TuningRecord, spec: TrialSpec, round_: int) -> TrialJob:
-        """A re-measurement of a finished trial (round ``round_``), in a folder inside its own."""
+    def make_confirm_job(self, record: TuningRecord, spec: TrialSpec, round_: int, seconds: float) -> TrialJob:
+        """A re-measurement of a finished trial (round ``round_``), in a folder inside its own,
+        measuring for about ``seconds`` at most (the trial's own limit if shorter)."""
         job = self.make_job(record, spec, self.config_for(spec))
         d = job.trial_dir / f"confirm{round_}"
         if d.is_symlink() or (d.exists() and not d.is_dir()):
             d.unlink()  # a link is replaced, never followed
         d.mkdir(exist_ok=True)
         job.trial_dir, job.slot = d, self.slots[0]
-        job.measure = replace(job.measure, max_seconds=min(job.measure.max_seconds, CONFIRM_MAX_SECONDS))
+        job.measure = replace(job.measure, max_seconds=min(job.measure.max_seconds, seconds))
         return job
 
     @property
