@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 MAX_CANDIDATES = 3
 ROUNDS = 2
 """Interleaved rounds at most; the second runs only where the first did not settle the choice."""
-CONFIRM_MAX_SECONDS = 5.0
+CONFIRM_SECONDS = 5.0
 """Each re-measurement measures about this long (see confirm_seconds): two interleaved rounds,
 not one long window, are what make the comparison fair, and a tie costs a few seconds per
 candidate to settle."""
@@ -75,8 +75,8 @@ def combined(runs: list[TrialResult]) -> Measurement:
 
 def confirm_seconds(trial: TrialResult) -> float:
     """How long one re-measurement of ``trial``'s config measures (see CONFIRM_MIN_STEPS)."""
-    step = trial.measurement.step_time_mean if trial.measurement is not None else math.nan
-    return max(CONFIRM_MAX_SECONDS, CONFIRM_MIN_STEPS * step) if math.isfinite(step) else CONFIRM_MAX_SECONDS
+    m = trial.measurement
+    return CONFIRM_SECONDS if m is None else max(CONFIRM_SECONDS, CONFIRM_MIN_STEPS * m.step_time_mean)
 
 
 def earlier_confirmation(results_dir: Path) -> Confirmation | None:
