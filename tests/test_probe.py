@@ -170,6 +170,29 @@ def test_no_early_stop_for_a_contender(probe_factory, tmp_path):
     assert not out["early_stop"] and len(out["intervals"]) == 10
 
 
+def test_the_time_cap_waits_for_the_fewest_steps(probe_factory, tmp_path):
+    # Steps of 10 s (+-10%) against a 5 s cap: a slow job's trial still gets min_steps timed
+    # steps (two would give one degree of freedom, a t quantile of 12.7), then stops capped.
+    steps = [10.0, 11.0, 9.0, 10.5, 9.5, 10.0, 11.0, 9.0]
+    for min_steps in (3, 5):
+        probe = probe_factory(clock(steps), warmup_steps=1, max_seconds=5.0, min_steps=min_steps)
+        with pytest.raises(Exited):
+            drive(probe, FakeEngine(), len(steps))
+        out = json.loads((tmp_path / "rank0.json").read_text())
+        assert out["state"] == "ok" and not out["early_stop"]
+        assert len(out["intervals"]) == min_steps, (min_steps, out["intervals"])
+
+
+def test_an_early_stop_may_still_end_a_slow_trial_at_two_steps(probe_factory, tmp_path):
+    steps = [10.0, 10.0, 10.1, 10.0, 10.0, 10.0]
+    probe = probe_factory(clock(steps), warmup_steps=1, max_seconds=5.0,
+                          to_beat={"metric": "throughput", "value": 100.0})
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), len(steps))
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert out["early_stop"] and len(out["intervals"]) == 2
+
+
 def drive_micro(probe, engine, durations):
     """Micro-steps of the given durations (the fake clock advances by each); every
     ``engine.gas``-th one is a boundary."""

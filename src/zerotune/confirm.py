@@ -25,14 +25,10 @@ MAX_CANDIDATES = 3
 ROUNDS = 2
 """Interleaved rounds at most; the second runs only where the first did not settle the choice."""
 CONFIRM_SECONDS = 5.0
-"""Each re-measurement measures about this long (see confirm_seconds): two interleaved rounds,
-not one long window, are what make the comparison fair, and a tie costs a few seconds per
-candidate to settle."""
-CONFIRM_MIN_STEPS = 2.5
-"""...but at least this many of the config's step times, so that it ends after its third timed
-step: a probe stops at the first step past its time, and two steps (one degree of freedom, a t
-quantile of 12.7) left intervals too wide to settle anything in two rounds, where three (4.3)
-usually settle it in one."""
+"""Each re-measurement measures about this long, and never fewer timed steps than a trial (the
+probe's fewest_steps: three, so a slow config's re-measurement runs past it): two interleaved
+rounds, not one long window, are what make the comparison fair, and a tie costs a few seconds
+per candidate to settle."""
 
 
 @dataclass(kw_only=True)
@@ -71,12 +67,6 @@ def combined(runs: list[TrialResult]) -> Measurement:
                    step_time_std=std, step_time_df=df if df is not None and math.isfinite(ci) else None,
                    steps_measured=sum(m.steps_measured for m in ms), stable=all(m.stable for m in ms),
                    timed_seconds=sum(m.timed_seconds for m in ms), early_stop=False, lost_to=None, lost_to_metric="")
-
-
-def confirm_seconds(trial: TrialResult) -> float:
-    """How long one re-measurement of ``trial``'s config measures (see CONFIRM_MIN_STEPS)."""
-    m = trial.measurement
-    return CONFIRM_SECONDS if m is None else max(CONFIRM_SECONDS, CONFIRM_MIN_STEPS * m.step_time_mean)
 
 
 def earlier_confirmation(results_dir: Path) -> Confirmation | None:
@@ -126,7 +116,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
         for r in group:
             if round_ == 1 and r.name == first:
                 continue
-            job = tuner.make_confirm_job(record, r.spec, round_, confirm_seconds(r))
+            job = tuner.make_confirm_job(record, r.spec, round_, CONFIRM_SECONDS)
             result = tuner.launcher.run(job)
             out.runs.append(result)
             by_name[r.name].append(result)

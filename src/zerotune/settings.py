@@ -15,7 +15,10 @@ class MeasureSettings:
     precision: float = 0.03
     """Stop measuring once the 95% interval of the mean step time is within this fraction of it."""
     max_seconds: float = 15.0
-    """Measure at most this long (then the trial is marked capped, its interval as measured)."""
+    """Measure at most this long (then the trial is marked capped, its interval as measured),
+    once it has the fewest timed steps a trial may settle on (end_profile_step -
+    start_profile_step, at least 3; two where the step is estimated from micro-steps): a slow
+    job's trials take those steps however long they are."""
     trial_timeout: float = 600.0
     """End a trial after this many seconds in all (start-up included) and record it as timeout."""
     stall_timeout: float = 120.0

@@ -296,7 +296,8 @@ class Autotuner:
 
     def make_confirm_job(self, record: TuningRecord, spec: TrialSpec, round_: int, seconds: float) -> TrialJob:
         """A re-measurement of a finished trial (round ``round_``), in a folder inside its own,
-        measuring for about ``seconds`` at most (the trial's own limit if shorter)."""
+        measuring for about ``seconds`` (the trial's own limit if shorter) once it has as many
+        timed steps as a trial needs at least."""
         job = self.make_job(record, spec, self.config_for(spec))
         d = job.trial_dir / f"confirm{round_}"
         if d.is_symlink() or (d.exists() and not d.is_dir()):

@@ -202,11 +202,19 @@ class StepProbe:
             return len(self.intervals()) - 1.0
         return step_estimate_df(*self.parts(), self.accumulation())
 
+    def fewest_steps(self) -> int:
+        """Timed steps a measurement has before it may be called settled or end at its time cap:
+        min_steps whole steps (at least two), or two where the step time comes from micro-steps
+        (two boundary samples; the plain micro-steps give the rest of its degrees of freedom).
+        The cap waits for them: two whole steps of a slow job (one degree of freedom, a t
+        quantile of 12.7) would give every trial and re-measurement an interval too wide to
+        rank or settle anything. Only an early stop, a one-sided question, may end sooner."""
+        return min(2, self.spec["min_steps"]) if self.from_micro_steps() else max(2, self.spec["min_steps"])
+
     def _stable(self, iv: list[float]) -> bool:
         if not self.from_micro_steps():
-            return is_stable(iv, min_steps=self.spec["min_steps"], rel_ci=self.spec["rel_ci"])
-        # Two whole steps give two boundary samples; the plain micro-steps give the rest.
-        return estimate_is_stable(self.estimate(), whole_steps=len(iv), min_steps=min(2, self.spec["min_steps"]),
+            return is_stable(iv, min_steps=self.fewest_steps(), rel_ci=self.spec["rel_ci"])
+        return estimate_is_stable(self.estimate(), whole_steps=len(iv), min_steps=self.fewest_steps(),
                                   rel_ci=self.spec["rel_ci"])
 
     def _measured_enough(self) -> bool:
@@ -217,7 +225,8 @@ class StepProbe:
             self.early_stop = True
             return True
         measuring = self.times[-1] - self.times[min(len(self.times), self.warmup()) - 1]
-        return len(iv) >= self.spec["max_steps"] or (len(iv) >= 2 and measuring >= self.spec["max_seconds"])
+        return len(iv) >= self.spec["max_steps"] or (len(iv) >= self.fewest_steps()
+                                                      and measuring >= self.spec["max_seconds"])
 
     def _cannot_win(self, iv: list[float]) -> bool:
         """Even the optimistic end of a one-sided 95% interval loses to the best trial so far:
