@@ -3,9 +3,11 @@
 Both tune the same space (all ZeRO stages, fast mode, the same micro-batch bounds and global
 batch) one after the other. Then each chosen config is re-measured independently, interleaved
 in alternating order (A B, B A, ...), with the same end-to-end step timing, and the median is
-reported.
+reported. A round in which either measurement did not settle (its 95% interval stayed wider
+than 2% in its 30 s) ran beside a disturbance, such as another job's bursts: both of its
+measurements are dropped and the round is run again, at most --retries times in all.
 
-    DS_ACCELERATOR=cpu python bench/vs_deepspeed.py [--model small] [--reps 4]
+    DS_ACCELERATOR=cpu python bench/vs_deepspeed.py [--model small] [--reps 4] [--retries 4]
 
 Last line: vs_deepspeed: time_ratio=<zerotune/deepspeed> throughput_ratio=<zerotune/deepspeed> trials=<z>/<d>
 """
@@ -101,7 +103,7 @@ def describe(cfg: dict) -> str:
             f"grad_accum {cfg.get('gradient_accumulation_steps', 1)}")
 
 
-def measure(cfg: dict, name: str, out: Path, args) -> float:
+def measure(cfg: dict, name: str, out: Path, args):
     """One independent end-to-end measurement of ``cfg``: a fresh trial, zerotune's probe."""
     from zerotune.launch import LocalLauncher, TrialJob
     from zerotune.settings import MeasureSettings
@@ -121,7 +123,7 @@ def measure(cfg: dict, name: str, out: Path, args) -> float:
     result = LocalLauncher(device="cpu").run(job)
     if result.state is not TrialState.OK:
         sys.exit(f"re-measuring {name} failed: {result.state.value} {result.reason}")
-    return result.measurement.throughput
+    return result.measurement
 
 
 def main() -> None:
@@ -130,6 +132,8 @@ def main() -> None:
     p.add_argument("--num-gpus", type=int, default=2)
     p.add_argument("--reps", type=int, default=4,
                    help="re-measurement rounds, in alternating order (default 4: A B, B A, A B, B A)")
+    p.add_argument("--retries", type=int, default=4,
+                   help="rounds run again, in all, because a measurement in them did not settle (default 4)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "vs_deepspeed"))
     args = p.parse_args()
     out = Path(args.out)
@@ -149,19 +153,32 @@ def main() -> None:
 
     runs: dict[str, list[float]] = {"deepspeed": [], "zerotune": []}
     pair = [("deepspeed", d_best), ("zerotune", z_best)]
-    for rep in range(args.reps):
+    rep = retried = 0
+    while rep < args.reps:
         # A B, B A, A B, ...: whatever favours the first (or the second) of a pair, on a machine
         # that drifts, falls on both alike; with one order, identical configs read 2-3% apart.
+        got = {}
         for name, cfg in (pair if rep % 2 == 0 else pair[::-1]):
-            runs[name].append(measure(cfg, f"{name}{rep}", out, args))
-            print(f"  re-measure {rep + 1}/{args.reps} {name}: {runs[name][-1]:.2f} samples/s", flush=True)
+            m = got[name] = measure(cfg, f"{name}{rep}_{retried}", out, args)
+            print(f"  re-measure {rep + 1}/{args.reps} {name}: {m.throughput:.2f} ± {m.throughput_ci95:.2f} "
+                  f"samples/s{'' if m.stable else ' (did not settle)'}", flush=True)
+        if not all(m.stable for m in got.values()) and retried < args.retries:
+            # Both figures go, not only the unsettled one: keeping one side's would let a
+            # disturbance that hit the other decide the ratio.
+            retried += 1
+            print(f"  round {rep + 1} runs again: a measurement did not settle ({retried}/{args.retries})",
+                  flush=True)
+            continue
+        for name, m in got.items():
+            runs[name].append(m.throughput)
+        rep += 1
     d_tp, z_tp = statistics.median(runs["deepspeed"]), statistics.median(runs["zerotune"])
     print(f"deepspeed: trials={d_trials} time={d_time:.0f}s config=({describe(d_best)}) "
           f"re-measured={d_tp:.2f} samples/s (median of {args.reps})")
     print(f"zerotune:  trials={z_trials} time={z_time:.0f}s config=({describe(z_best)}) "
           f"re-measured={z_tp:.2f} samples/s (median of {args.reps})")
     print(f"vs_deepspeed: time_ratio={z_time / d_time:.2f} throughput_ratio={z_tp / d_tp:.2f} "
-          f"trials={z_trials}/{d_trials}")
+          f"trials={z_trials}/{d_trials} rounds_rerun={retried}")
 
 
 if __name__ == "__main__":
