@@ -16,7 +16,13 @@ from ._memory import MemoryReader
 
 
 SETTLE = 0.15
-"""Warm-up ends at the first two consecutive step times within this fraction of each other."""
+"""Warm-up ends at the first two consecutive step times within this fraction of each other..."""
+WARMING = 0.05
+"""...unless the second is faster than the first by more than this fraction: a job still warming up
+gets faster step by step (caches, the allocator, thread pools), and a 12% drop passes SETTLE. A
+slower second step is noise or a disturbance, not warm-up, and SETTLE alone bounds it. (A fresh
+process's steps ran 1.82, 1.60, 1.48, 1.45, 1.52 s: timing from the 1.60 s step read the trial 3%
+slow, with an interval that never reached 3% in 10 steps; from 1.48 s it settles in 4.)"""
 MAX_WARMUP = 10
 """Steps after which timing starts even if step times never settled (the interval then shows it)."""
 
@@ -24,11 +30,12 @@ MAX_WARMUP = 10
 def settled_at(times: list[float], limit: int = MAX_WARMUP) -> int | None:
     """Adaptive warm-up: the number of optimizer steps before timing starts, given when each step
     ended. The first step (one-time costs: compilation, caches, the allocator) is always warm-up;
-    after it, warm-up ends where two consecutive step times agree within SETTLE, both then timed.
-    None while nothing has settled yet (and fewer than ``limit`` steps ran)."""
+    after it, warm-up ends where two consecutive step times agree within SETTLE and the second
+    is not more than WARMING faster than the first, both then timed. None while nothing has
+    settled yet (and fewer than ``limit`` steps ran)."""
     for i in range(1, len(times) - 1):
         a, b = times[i] - times[i - 1], times[i + 1] - times[i]
-        if abs(a - b) <= SETTLE * max(a, b):
+        if abs(a - b) <= SETTLE * max(a, b) and b >= (1 - WARMING) * a:
             return i
         if i >= limit:
             return limit
