@@ -90,6 +90,24 @@ def remeasured_in(session: dict) -> list[TrialResult]:
         return []  # damaged: measure again (and leave them out of the cost line)
 
 
+def confirmed_in(session: dict, trials: list[TrialResult]) -> dict[str, TrialResult]:
+    """The confirmed figures of a finished tuning read back (``zerotune show``): per candidate,
+    its re-measurements that the session (tuning.json) records combined, its trial first where
+    that stood as its first-round figure, as the choice read them. Empty where there were none,
+    or where a candidate's trial is not among ``trials`` (a damaged folder)."""
+    runs = remeasured_in(session)
+    first = session.get("confirm_from_trial")
+    names = list(dict.fromkeys(([first] if isinstance(first, str) else []) + [r.name for r in runs]))
+    by_trial = {t.name: t for t in trials}
+    if not runs or any(n not in by_trial for n in names):
+        return {}
+    group = [by_trial[n] for n in names]
+    by_name = {n: [r for r in runs if r.name == n] for n in names}
+    if isinstance(first, str):
+        by_name[first].insert(0, by_trial[first])
+    return {c.name: c for c in _confirmed(by_name, group)}
+
+
 def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
             earlier: Confirmation | None = None) -> Confirmation | None:
     """Re-measure ``choice.best`` and its ties (None when it has none); the choice made on the

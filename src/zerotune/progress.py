@@ -184,7 +184,7 @@ class JsonEvents:
         best = result.best
         self.stream.write(json.dumps({
             "event": "result", "best": best.name if best else None,
-            "value": best.metric(result.metric) if best else None, "metric": result.metric,
+            "value": result.best_metric[0] if best else None, "metric": result.metric,
             "results_dir": str(result.results_dir), "notes": result.notes, "env": result.env,
             "cost": result.cost.to_dict() if result.cost is not None else None}) + "\n")
         self.stream.flush()

@@ -7,7 +7,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .ranking import UNITS, fmt_metric
+from .ranking import UNITS
 from .terminal_text import safe
 from .result import TuningResult
 from .units import format_size
@@ -30,7 +30,7 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
         console.print("[red]no configuration succeeded[/]")
     else:
         b = result.best
-        console.print(f"[bold green]best:[/] {safe(b.name)}  {fmt_metric(result.metric, b)}  "
+        console.print(f"[bold green]best:[/] {safe(b.name)}  {result.best_figures()}  "
                       f"peak {format_size(b.max_peak)}/rank")
         if line := result.env_line():
             console.print(safe(line))
@@ -39,8 +39,10 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
     for line in result.cost.lines() if result.cost is not None else []:
         console.print(f"[dim]{safe(line)}[/]")
     where = str(result.results_dir)
-    console.print(f"results: {safe(where)}/ (summary.txt, ds_config_optimal.json, cmd_optimal.txt); "
-                  f"figures: zerotune report {safe(shlex.quote(where))}")
+    console.print(f"results: {safe(where)}/ (summary.txt, ds_config_optimal.json, cmd_optimal.txt)")
+    # A command to copy is never broken by an inserted newline (one at a space inside the quoted
+    # path makes another path of it): on a line of its own, folded by the terminal if too long.
+    console.print(f"figures: zerotune report {safe(shlex.quote(where))}", soft_wrap=True)
 
 
 def print_estimate(args) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .ranking import UNITS, fmt_metric, fmt_value
+from .ranking import UNITS, fmt_value
 from .result import TuningResult
 from .store import write_atomic, write_json
 from .units import format_size
@@ -29,7 +29,7 @@ def summary_text(result: TuningResult) -> str:
     lines.append("")
     if result.best is not None:
         b = result.best
-        lines.append(f"best: {b.name}  {fmt_metric(result.metric, b)}  peak memory {format_size(b.max_peak)} "
+        lines.append(f"best: {b.name}  {result.best_figures()}  peak memory {format_size(b.max_peak)} "
                      f"per rank (budget {format_size(b.budget)})")
         if line := result.env_line():
             lines.append(line)

@@ -91,7 +91,7 @@ def write_report(results_dir: str | Path) -> Path:
         f"budget {html.escape(format_size(budget) if budget else 'none')} per device, "
         f"{html.escape(str(session.get('device', '')))}</p>",
         ("<h2>Chosen</h2><p id='best'><b>" + html.escape(best.name) + "</b> "
-         + html.escape(fmt_metric(result.metric, best)) + f", peak {html.escape(format_size(best.max_peak))}"
+         + html.escape(result.best_figures()) + f", peak {html.escape(format_size(best.max_peak))}"
          + " per rank</p>") if best else "<h2>Chosen</h2><p id='best'>no configuration ran successfully</p>",
         "<h3>Against your config</h3>" + (_table(["key", "yours", "chosen"], [list(d) for d in diff])
                                          if diff else "<p>no difference</p>"),

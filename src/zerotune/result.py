@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ZerotuneError
-from .confirm import remeasured_in
+from .confirm import confirmed_in, remeasured_in
 from .cost import TuningCost, tuning_cost
-from .ranking import MAXIMIZE, Choice, better, choose_best, fmt_value, within_noise
+from .ranking import MAXIMIZE, Choice, better, choose_best, fmt_metric, fmt_value, within_noise
 from .record import read_session
 from .store import SESSION, DamagedTrial, ResultStore
 from .trial import TrialResult, TrialSpec, TrialState
@@ -30,6 +30,23 @@ class TuningResult:
     """Where the tuning's time went, and when the choice pays it back."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment the trials ran with that their figures depend on (CPU: OMP_NUM_THREADS)."""
+    confirmed: dict[str, TrialResult] = field(default_factory=dict)
+    """Per configuration measured again before the choice (see confirm.py), its re-measurements
+    combined: the figures the choice was made on, minutes after the trial's own."""
+
+    def figure(self, trial: TrialResult) -> TrialResult:
+        """``trial`` with the figures the choice read: its confirmed ones where it was measured
+        again, else its own."""
+        return self.confirmed.get(trial.name, trial)
+
+    def best_figures(self) -> str:
+        """The choice's metric with its interval, as the choice read it, and its trial's where the
+        confirmation measured it again ("44.1 ± 0.5 samples/s re-measured (trial 41.0 ± 0.2)")."""
+        assert self.best is not None
+        shown, trial = fmt_metric(self.metric, self.figure(self.best)), fmt_value(self.metric, self.best)
+        if self.best.name not in self.confirmed or fmt_value(self.metric, self.figure(self.best)) == trial:
+            return shown  # not measured again: its trial stood as its figure (see confirm.trial_first)
+        return f"{shown} re-measured (trial {trial})"
 
     def env_line(self) -> str | None:
         """The environment named beside the choice: its figures hold only with it."""
@@ -43,7 +60,8 @@ class TuningResult:
         """The best trial's metric and the half-width of its 95% interval."""
         if self.best is None:
             return None
-        return self.best.metric(self.metric), self.best.metric_ci(self.metric) or 0.0
+        best = self.figure(self.best)
+        return best.metric(self.metric), best.metric_ci(self.metric) or 0.0
 
     def why_lost(self, trial: TrialResult) -> str:
         """One line on why ``trial`` is not the choice."""
@@ -53,14 +71,18 @@ class TuningResult:
             return "chosen"
         if trial.state is not TrialState.OK:
             return f"{trial.state.value}: {trial.reason}"
-        if within_noise(self.metric, trial, self.best):
-            if (self.best.max_peak or 0) < (trial.max_peak or 0) and better(self.metric, trial.metric(self.metric),
-                                                                            self.best.metric(self.metric)):
-                return f"within noise of {self.best.name}, which has more memory headroom"
-            return f"within noise of {self.best.name}, which measured better; the order is not certain"
-        v, b = trial.metric(self.metric), self.best.metric(self.metric)
+        # Both measured again side by side: those figures decided, never one of each moment.
+        again = trial.name in self.confirmed and self.best.name in self.confirmed
+        r, best = (self.confirmed[trial.name], self.confirmed[self.best.name]) if again else (trial, self.best)
+        how = "re-measured: " if again else ""
+        if within_noise(self.metric, r, best):
+            if (best.max_peak or 0) < (r.max_peak or 0) and better(self.metric, r.metric(self.metric),
+                                                                   best.metric(self.metric)):
+                return f"{how}within noise of {best.name}, which has more memory headroom"
+            return f"{how}within noise of {best.name}, which measured better; the order is not certain"
+        v, b = r.metric(self.metric), best.metric(self.metric)
         pct = abs(b - v) / b * 100 if b else 0.0
-        return f"{pct:.1f}% {'slower' if MAXIMIZE[self.metric] else 'higher latency'} than {self.best.name}"
+        return f"{how}{pct:.1f}% {'slower' if MAXIMIZE[self.metric] else 'higher latency'} than {best.name}"
 
     def summary_rows(self) -> list[dict[str, Any]]:
         """Per stage: trials, best metric with its spread, best trial."""
@@ -126,7 +148,9 @@ def load_results(results_dir: str | Path) -> TuningResult:
     best = choice.best if choice else None
     env = session.get("env")
     env = {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(env, dict) else {}
+    confirmed = confirmed_in(session, trials) if best is not None and best.name == session.get("best") else {}
     return TuningResult(metric=metric, trials=trials, best=best, best_config=best_config, results_dir=root, env=env,
+                        confirmed=confirmed,
                         notes=notes + damaged + ([choice.note] if choice and choice.note and choice.note not in notes
                                                  else []),
                         wall_time=wall, cost=tuning_cost(trials, best, own, wall, remeasured=remeasured))
