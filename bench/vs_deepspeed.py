@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -55,14 +56,30 @@ def run_timed(cmd: list[str], env: dict, log: Path) -> float:
     return wall
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def warm_up(out: Path, args, env) -> None:
-    """One short untimed run, so that JIT-built ops exist before either tuner is timed."""
+    """One short untimed run, so that JIT-built ops exist before either tuner is timed. On a
+    free port, not DeepSpeed's default 29500: a run right after another once found it still
+    held (the launcher exited 250). Tried twice; its output is kept in warmup.log."""
     cfg = out / "warmup.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"},
                                "zero_optimization": {"stage": 1}}))
-    subprocess.run([str(BIN / "deepspeed"), "--num_gpus", str(args.num_gpus), str(ROOT / "examples" / "gpt.py"),
-                    "--model", "tiny", "--steps", "2", "--deepspeed_config", str(cfg)], env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    log = out / "warmup.log"
+    for attempt in (1, 2):
+        cmd = [str(BIN / "deepspeed"), "--num_gpus", str(args.num_gpus), "--master_port", str(free_port()),
+               str(ROOT / "examples" / "gpt.py"), "--model", "tiny", "--steps", "2", "--deepspeed_config", str(cfg)]
+        with open(log, "a") as f:
+            f.write(f"--- attempt {attempt}: {cmd}\n")
+            f.flush()
+            code = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        if code == 0:
+            return
+    sys.exit(f"the untimed warm-up run failed twice (status {code}); see {log}")
 
 
 def deepspeed_autotuner(out: Path, args, env) -> tuple[float, int, dict]:
