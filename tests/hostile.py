@@ -104,6 +104,12 @@ def damages(results: Path) -> list[tuple[str, callable]]:
     data = json.loads(session.read_text())
     result = json.loads((trial / "result.json").read_text())
 
+    measurement = result["result"]["measurement"] or {}
+
+    def remeasured(**changes):
+        run = {**result["result"], "measurement": {**measurement, **changes}}
+        return put(session, json.dumps({**data, "remeasured": [run], "confirm_from_trial": data.get("best")}))
+
     def with_result(**changes):
         broken = json.loads(json.dumps(result))
         broken["result"].update(changes)
@@ -133,4 +139,10 @@ def damages(results: Path) -> list[tuple[str, callable]]:
                                              (results / "report" / "memory.png").symlink_to(
                                                  results.parent / "png_target"))),
         ("control characters in a reason", with_result(reason="\x1b[31mred\x1b]0;title\x07\x00", state="crashed")),
+        ("steps not a count", with_result(measurement={**measurement, "steps_measured": "x"})),
+        ("FLOPs not a number", with_result(measurement={**measurement, "flops_per_step": "x"})),
+        ("absurd step spread", with_result(measurement={**measurement, "step_time_std": 1e308})),
+        # A confirmation's re-measurements (tuning.json), combined for the best line on show.
+        ("re-measurement without a step count", remeasured(steps_measured=None)),
+        ("absurd re-measurement", remeasured(step_time_std=1e308, step_time_mean=1e308)),
     ]

@@ -97,14 +97,15 @@ def confirmed_in(session: dict, trials: list[TrialResult]) -> dict[str, TrialRes
     or where a candidate's trial is not among ``trials`` (a damaged folder)."""
     runs = remeasured_in(session)
     first = session.get("confirm_from_trial")
-    names = list(dict.fromkeys(([first] if isinstance(first, str) else []) + [r.name for r in runs]))
+    first = first if isinstance(first, str) else None
+    names = list(dict.fromkeys(([first] if first else []) + [r.name for r in runs]))
     by_trial = {t.name: t for t in trials}
     if not runs or any(n not in by_trial for n in names):
         return {}
-    group = [by_trial[n] for n in names]
-    by_name = {n: [r for r in runs if r.name == n] for n in names}
-    if isinstance(first, str):
-        by_name[first].insert(0, by_trial[first])
+    group, first = _first_in([by_trial[n] for n in names], first)
+    _, by_name = _start(group, first)
+    for result in runs:
+        by_name[result.name].append(result)
     return {c.name: c for c in _confirmed(by_name, group)}
 
 

@@ -43,10 +43,11 @@ class TuningResult:
         """The choice's metric with its interval, as the choice read it, and its trial's where the
         confirmation measured it again ("44.1 ± 0.5 samples/s re-measured (trial 41.0 ± 0.2)")."""
         assert self.best is not None
-        shown, trial = fmt_metric(self.metric, self.figure(self.best)), fmt_value(self.metric, self.best)
-        if self.best.name not in self.confirmed or fmt_value(self.metric, self.figure(self.best)) == trial:
-            return shown  # not measured again: its trial stood as its figure (see confirm.trial_first)
-        return f"{shown} re-measured (trial {trial})"
+        figure, trial = self.figure(self.best), fmt_value(self.metric, self.best)
+        if fmt_value(self.metric, figure) == trial:
+            # Not measured again, or its trial stood as its only figure (see confirm.trial_first).
+            return fmt_metric(self.metric, figure)
+        return f"{fmt_metric(self.metric, figure)} re-measured (trial {trial})"
 
     def env_line(self) -> str | None:
         """The environment named beside the choice: its figures hold only with it."""

@@ -89,7 +89,9 @@ class ResultStore:
         try:
             return TrialResult.from_dict(data["result"])
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise DamagedTrial(name, f"its result.json is damaged ({type(e).__name__})") from None
+            # A ValueError says what is wrong in words (TrialResult.from_dict's); the rest, its kind.
+            why = str(e)[:160] if isinstance(e, ValueError) and str(e) else type(e).__name__
+            raise DamagedTrial(name, f"its result.json is damaged ({why})") from None
 
     def stored(self) -> dict[str, dict[str, Any]]:
         """Every trial folder's result.json, readable or not (None), by folder name."""

@@ -78,7 +78,9 @@ class MlflowTracker:
             return
         if result is not None and result.best is not None:
             self.mlflow.set_tag("best_trial", result.best.name)
-            self.mlflow.log_metrics({f"best_{k}": v for k, v in _metrics(result.best, self.metric).items()})
+            # The figures the choice was made on (re-measured, where the ties were measured again).
+            best = result.figure(result.best)
+            self.mlflow.log_metrics({f"best_{k}": v for k, v in _metrics(best, self.metric).items()})
             optimal = Path(result.results_dir) / "ds_config_optimal.json"
             if optimal.exists():
                 self.mlflow.log_artifact(str(optimal))

@@ -118,6 +118,37 @@ times keep the standard error below the mean, and the widest t quantile (one deg
 freedom) is 12.706. Above it, a result file was damaged."""
 
 
+MAX_STEP_SECONDS = 1e6
+"""No optimizer step of a real job takes longer (11 days): a result file saying so was damaged."""
+
+
+def _measurement_damage(m: dict[str, Any]) -> str:
+    """Why the fields of a stored measurement cannot be one ("" where they can): every figure
+    read back is later divided, squared or summed, so a wrong type or an absurd size is caught
+    here, once, rather than as a traceback in ``zerotune show``."""
+    if not (_number(m.get("step_time_mean"), positive=True) and _count(m.get("samples_per_step"))
+            and _number(m.get("step_time_ci95")) and _number(m.get("step_time_std"))
+            and _number(m.get("timed_seconds", 0.0))
+            and all(m.get(k) is None or _number(m.get(k), positive=True) for k in ("step_time_df", "lost_to"))):
+        return "measurement has no positive step time and sample count, or a damaged interval"
+    steps = m.get("steps_measured")
+    if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
+        return "measurement has no count of timed steps"
+    if m.get("tokens_per_sample") is not None and not _count(m.get("tokens_per_sample")):
+        return "measurement's tokens per sample is not a count"
+    if m.get("flops_per_step") is not None and not _number(m.get("flops_per_step"), positive=True):
+        return "measurement's FLOPs per step is not a positive number"
+    if not all(isinstance(m.get(k, ""), str) for k in ("flops_note", "lost_to_metric")):
+        return "measurement's notes are not text"
+    mean = m["step_time_mean"]
+    # Positive step times keep the standard deviation below mean x sqrt(n) and the standard
+    # error below the mean: see CI_CEILING.
+    if (mean > MAX_STEP_SECONDS or m["step_time_ci95"] > CI_CEILING * mean
+            or m["step_time_std"] > mean * math.sqrt(max(1, steps))):
+        return "measurement has a step time or an interval no measurement can have"
+    return ""
+
+
 def _number(v: Any, *, positive: bool = False) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             and (v > 0 if positive else v >= 0))
@@ -253,13 +284,8 @@ class TrialResult:
             if not isinstance(m, dict):
                 raise ValueError("measurement is not an object")
             m = {k: v for k, v in m.items() if k in Measurement.__dataclass_fields__}
-            if not (_number(m.get("step_time_mean"), positive=True) and _count(m.get("samples_per_step"))
-                    and _number(m.get("step_time_ci95")) and _number(m.get("step_time_std"))
-                    and _number(m.get("timed_seconds", 0.0))
-                    and all(m.get(k) is None or _number(m.get(k), positive=True) for k in ("step_time_df", "lost_to"))):
-                raise ValueError("measurement has no positive step time and sample count, or a damaged interval")
-            if m["step_time_ci95"] > CI_CEILING * m["step_time_mean"]:
-                raise ValueError("measurement has an interval no measurement can have")
+            if why := _measurement_damage(m):
+                raise ValueError(why)
         for key in ("peak_memory", "peak_allocated", "static_memory"):
             if not isinstance(d.get(key, []), list) or not all(_number(v) for v in d.get(key, [])):
                 raise ValueError(f"{key} is not a list of byte counts")
