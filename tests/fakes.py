@@ -79,7 +79,28 @@ class FakeLauncher(Launcher):
         step = samples / m.throughput(spec)
         meas = Measurement(samples_per_step=samples, step_time_mean=step, step_time_std=step * m.rel_ci,
                            step_time_ci95=step * m.rel_ci, steps_measured=10, stable=True)
+        if job.settle:
+            meas = measured_until_settled(meas, job.settle)
         return TrialResult(state=TrialState.OK, measurement=meas, **base)
 
     def close(self) -> None:
         self.closed = True
+
+
+def measured_until_settled(meas: Measurement, settle: dict, cap: int = 40) -> Measurement:
+    """As the probe measures a re-measurement that has a comparison to settle: on past its window
+    (the fake's 10 steps), step by step (its interval narrowing as one over the root of the
+    steps, its mean where it is), while the steps left before ``cap`` could settle it."""
+    from dataclasses import replace
+
+    from zerotune.step_stats import Figure, settle_verdict, t95_df
+
+    n, rel = meas.steps_measured, meas.step_time_ci95 / meas.step_time_mean
+    while n < cap:
+        ci = rel * math.sqrt(meas.steps_measured / n)
+        value = settle["scale"] / meas.step_time_mean if settle["maximize"] else meas.step_time_mean
+        if settle_verdict(Figure(value, value * ci, ci / t95_df(n - 1), n - 1), settle, more=cap - n) != "open":
+            break
+        n += 1
+    ci = meas.step_time_mean * rel * math.sqrt(meas.steps_measured / n)
+    return replace(meas, steps_measured=n, step_time_ci95=ci, step_time_std=ci / t95_df(n - 1) * math.sqrt(n))

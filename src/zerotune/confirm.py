@@ -2,7 +2,8 @@
 most 3) are measured again, interleaved (A B C, and A B C again unless the first round settled
 it) in the same warm processes, and the choice is made on those figures. Interleaving puts the
 machine's drift (other load, thermal, a noisy neighbour) on every candidate alike, which
-separate trials minutes apart cannot.
+separate trials minutes apart cannot. In the first round, each measures on past its window
+while its own steps can settle its comparison with the one leading (see settle_target).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._errors import ZerotuneError
-from .ranking import TIE_MARGIN, Choice, choose_best, clearly_worse, fmt_metric, most_faster
+from .ranking import MAXIMIZE, TIE_MARGIN, Choice, choose_best, clearly_worse, figure, fmt_metric, most_faster
 from .record import read_session
 from .step_stats import t95_df, welch_df
 from .trial import Measurement, TrialResult, TrialState
@@ -136,13 +137,41 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
             if round_ == 1 and r.name == first:
                 continue
             job = tuner.make_confirm_job(record, r.spec, round_, CONFIRM_SECONDS)
+            leader = choose_best(_confirmed(by_name, group), metric) if round_ == 1 else None
+            if leader is not None:
+                job.settle = settle_target(leader.best, r, metric, tuner.measure.max_seconds)
             result = tuner.launcher.run(job)
             out.runs.append(result)
             by_name[r.name].append(result)
-            record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {ROUNDS}")
+            against = f", measured until settled against {leader.best.name}" if job.settle else ""
+            record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {ROUNDS}{against}")
         if round_ < ROUNDS and settled(_confirmed(by_name, group), metric):
             break
     return _decide(out, by_name, group, choice, metric, reused=False)
+
+
+def settle_target(leader: TrialResult, candidate: TrialResult, metric: str, max_seconds: float) -> dict | None:
+    """What a first-round re-measurement of ``candidate`` is measured against (TrialJob.settle):
+    the candidate leading so far (the trial that stood as its first figure, or the runs before).
+    A fixed window settles an exact tie only in a second round of every candidate (about 20 s
+    on the bundled example); so after its window the re-measurement measures on, up to a
+    trial's ``max_seconds``, while the steps left could settle the pair (see settle_verdict),
+    and stops once they have. It never stops before its window: a sequential test that may
+    stop at its first settled look answers wrongly more often (tests/test_probe.py measures
+    both). The round's later candidates and the second round still follow settled(). None
+    where the leader has no interval."""
+    lead, m = figure(leader, metric), candidate.measurement
+    if lead is None or m is None or not math.isfinite(lead.rel_se):
+        return None
+    scale = None
+    if MAXIMIZE[metric]:
+        value = candidate.metric(metric)
+        if value is None:
+            return None
+        scale = value * m.step_time_mean  # samples (or FLOPs) per step of this config
+    return {"maximize": MAXIMIZE[metric], "value": lead.value, "ci": lead.ci, "rel_se": lead.rel_se,
+            "df": lead.df if math.isfinite(lead.df) else None, "scale": scale, "margin": TIE_MARGIN,
+            "max_seconds": max_seconds}
 
 
 def trial_first(tuner: "Autotuner", record: "TuningRecord", group: list[TrialResult]) -> str | None:

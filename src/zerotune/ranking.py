@@ -4,12 +4,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .step_stats import t95_df, welch_df
+from .step_stats import Figure, faster_bound, within_noise_of
 from .trial import TrialResult, TrialState
 
 MAXIMIZE = {"throughput": True, "flops": True, "latency": False}
-NOISE_FLOOR = 0.01
-"""Relative differences below this are never called real, however tight the intervals."""
 TIE_MARGIN = 0.03
 """Headroom may win over speed only where it is shown to cost at most this much (see
 headroom_costs_little): a wide interval makes many configs statistically tied, but trading a
@@ -20,13 +18,19 @@ def better(metric: str, a: float, b: float) -> bool:
     return a > b if MAXIMIZE[metric] else a < b
 
 
+def figure(r: TrialResult, metric: str) -> Figure | None:
+    """``r``'s ``metric`` as comparisons read it (see step_stats.Figure); None where unmeasured."""
+    v, m = r.metric(metric), r.measurement
+    if v is None or m is None:
+        return None
+    se, df = m.standard_error
+    return Figure(v, r.metric_ci(metric) or 0.0, se / m.step_time_mean, df)
+
+
 def within_noise(metric: str, a: TrialResult, b: TrialResult) -> bool:
     """True when the difference of ``a`` and ``b`` is inside the 95% interval of the difference."""
-    va, vb = a.metric(metric), b.metric(metric)
-    if va is None or vb is None:
-        return False
-    ca, cb = a.metric_ci(metric) or 0.0, b.metric_ci(metric) or 0.0
-    return abs(va - vb) <= max(math.hypot(ca, cb), NOISE_FLOOR * max(abs(va), abs(vb)))
+    fa, fb = figure(a, metric), figure(b, metric)
+    return fa is not None and fb is not None and within_noise_of(fa, fb)
 
 
 def clearly_worse(metric: str, a: TrialResult, than: TrialResult, margin: float = 0.0) -> bool:
@@ -50,24 +54,13 @@ def shown_worse(metric: str, a: TrialResult, than: TrialResult) -> bool:
 
 
 def most_faster(c: TrialResult, than: TrialResult, metric: str) -> float:
-    """How much faster, as a fraction, ``c`` can be than ``than`` at 95% confidence: their
-    relative difference plus a one-sided Student-t bound on it, with the degrees of freedom of
-    both measurements (Welch-Satterthwaite). Every metric is a step time's reciprocal or the
-    step time itself, so their relative standard errors are the step times'. The question asked
-    is one-sided (can ``c`` be faster by more than a margin?), so the one-sided quantile is the
-    right one, and with few steps it is far smaller than the two-sided one. Infinite where
-    either measurement has no interval (one timed step)."""
-    mc, mb = c.measurement, than.measurement
-    assert mc is not None and mb is not None, "compared only measured trials"
-    (se_c, df_c), (se_b, df_b) = mc.standard_error, mb.standard_error
-    if not (math.isfinite(se_c) and math.isfinite(se_b)):
-        return math.inf
-    rel_c, rel_b = se_c / mc.step_time_mean, se_b / mb.step_time_mean
-    vc, vb = c.metric(metric), than.metric(metric)
-    ratio = vc / vb if MAXIMIZE[metric] else vb / vc  # > 1: c is faster
-    se = ratio * math.hypot(rel_c, rel_b)
-    df = welch_df([(rel_c ** 2, df_c + 1), (rel_b ** 2, df_b + 1)])
-    return ratio - 1 + t95_df(df, one_sided=True) * se
+    """How much faster, as a fraction, ``c`` can be than ``than`` at 95% confidence (see
+    step_stats.faster_bound). The question asked is one-sided (can ``c`` be faster by more than
+    a margin?), so the one-sided quantile is the right one, and with few steps it is far smaller
+    than the two-sided one. Infinite where either measurement has no interval (one timed step)."""
+    fc, fb = figure(c, metric), figure(than, metric)
+    assert fc is not None and fb is not None, "compared only measured trials"
+    return faster_bound(fc, fb, maximize=MAXIMIZE[metric])
 
 
 def tied_with(metric: str, r: TrialResult, other: TrialResult) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import NamedTuple
 
 # Two-sided 95% Student-t quantiles for 1..29 degrees of freedom.
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -115,3 +116,67 @@ def estimate_is_stable(estimate: tuple[float, float, float], *, whole_steps: int
     """True once enough was measured and the 95% interval is within ``rel_ci`` of the mean."""
     mean, _, ci = estimate
     return whole_steps >= min_steps and math.isfinite(ci) and ci <= rel_ci * mean
+
+
+NOISE_FLOOR = 0.01
+"""Relative differences below this are never called real, however tight the intervals."""
+
+
+class Figure(NamedTuple):
+    """A measured metric as comparisons read it: its value, its 95% half-width, the step time's
+    relative standard error and that error's degrees of freedom (inf: known exactly)."""
+
+    value: float
+    ci: float
+    rel_se: float
+    df: float
+
+
+def within_noise_of(a: Figure, b: Figure) -> bool:
+    """True when the difference of ``a`` and ``b`` is inside the 95% interval of the difference
+    (or below NOISE_FLOOR)."""
+    return abs(a.value - b.value) <= max(math.hypot(a.ci, b.ci), NOISE_FLOOR * max(abs(a.value), abs(b.value)))
+
+
+def faster_bound(c: Figure, than: Figure, *, maximize: bool) -> float:
+    """How much faster, as a fraction, ``c`` can be than ``than`` at 95% confidence: the relative
+    difference plus a one-sided Student-t bound on it (Welch-Satterthwaite degrees of freedom of
+    both). Every metric is a step time or its reciprocal, so their relative standard errors are
+    the step times'. Infinite where either has no error estimate."""
+    if not (math.isfinite(c.rel_se) and math.isfinite(than.rel_se)):
+        return math.inf
+    ratio = c.value / than.value if maximize else than.value / c.value  # > 1: c is faster
+    se = ratio * math.hypot(c.rel_se, than.rel_se)
+    df = welch_df([(c.rel_se ** 2, c.df + 1), (than.rel_se ** 2, than.df + 1)])
+    return ratio - 1 + t95_df(df, one_sided=True) * se
+
+
+def pair_settled(a: Figure, b: Figure, *, maximize: bool, margin: float) -> bool:
+    """Whether measuring more cannot change the choice between ``a`` and ``b`` by more than
+    ``margin``: they differ beyond noise, or the slower one is shown (one-sided, at 95%) at most
+    ``margin`` faster than the other. For two candidates this is exactly what the confirmation's
+    settled() asks of the pick made between them, whichever it picks (the headroom rule picks
+    the slower one only where the faster is shown within the margin, a stronger condition)."""
+    fast, slow = (a, b) if (a.value >= b.value) == maximize else (b, a)
+    return not within_noise_of(a, b) or faster_bound(slow, fast, maximize=maximize) <= margin
+
+
+def measured_on(f: Figure, more: float) -> Figure:
+    """``f`` as it would read after ``more`` further samples at the same mean and spread: its
+    standard error shrinking as one over the root of the count (taken as df + 1)."""
+    n = f.df + 1
+    rel, df = f.rel_se * math.sqrt(n / (n + more)), f.df + more
+    return Figure(f.value, f.value * rel * t95_df(df), rel, df)
+
+
+def settle_verdict(mine: Figure, settle: dict, *, more: float) -> str:
+    """A re-measurement measured against the candidate leading a confirmation (``settle``, see
+    TrialJob.settle): "settled" once the choice between the two is answered (pair_settled),
+    "open" while the ``more`` steps it may still take could answer it (they would, at its mean
+    and spread so far), "out of reach" where they could not (then it ends, and a second round
+    measures both)."""
+    other = Figure(settle["value"], settle["ci"], settle["rel_se"], math.inf if settle["df"] is None else settle["df"])
+    kw = {"maximize": settle["maximize"], "margin": settle["margin"]}
+    if pair_settled(mine, other, **kw):
+        return "settled"
+    return "open" if more >= 1 and pair_settled(measured_on(mine, more), other, **kw) else "out of reach"

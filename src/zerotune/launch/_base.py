@@ -34,6 +34,12 @@ class TrialJob:
     to_beat: dict[str, Any] | None = None
     """{"metric": "throughput"|"latency", "value": v}: the trial may stop measuring as soon as
     it clearly cannot beat v (the best so far)."""
+    settle: dict[str, Any] | None = None
+    """A re-measurement's comparison to answer (see confirm.settle_target): it measures on past
+    its window until the choice between it and the candidate leading so far is settled, while
+    more of its steps can settle it, up to ``max_seconds``. Keys: ``maximize``, the leader's
+    ``value``, ``ci``, ``rel_se``, ``df`` (None: exact), ``scale`` (metric x step time of this
+    config; None for latency), ``margin``, ``max_seconds``."""
     env: dict[str, str] = field(default_factory=dict)
     slot: Slot | None = None
     """The devices (or pinned cores) this trial runs on; None: the first ``num_gpus`` devices."""
@@ -63,6 +69,7 @@ class TrialJob:
                 "warmup_steps": self.warmup_steps, "adaptive_warmup": self.adaptive_warmup,
                 "min_steps": self.min_steps, "max_steps": self.max_steps,
                 "max_seconds": self.measure.max_seconds, "rel_ci": self.measure.precision, "to_beat": self.to_beat,
+                "settle": self.settle,
                 "expect": {"stage": self.spec.stage, "micro_batch": self.spec.micro_batch,
                            "grad_accum": self.spec.grad_accum}, **self.probe_fields}
 

@@ -9,8 +9,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..step_stats import (MICRO_STEPS_FROM, estimate_is_stable, is_stable, step_estimate, step_estimate_df,
-                          summarize, t95_df)
+from ..step_stats import (MICRO_STEPS_FROM, Figure, estimate_is_stable, is_stable, settle_verdict, step_estimate,
+                          step_estimate_df, summarize, t95_df)
 from ..store import write_json
 from ._memory import MemoryReader
 
@@ -226,14 +226,36 @@ class StepProbe:
 
     def _measured_enough(self) -> bool:
         iv = self.intervals()
-        if self._stable(iv):
-            return True
-        if self._cannot_win(iv):
-            self.early_stop = True
-            return True
         measuring = self.times[-1] - self.times[min(len(self.times), self.warmup()) - 1]
-        return len(iv) >= self.spec["max_steps"] or (len(iv) >= self.fewest_steps()
-                                                      and measuring >= self.spec["max_seconds"])
+        if self._stable(iv):
+            done = True
+        elif self._cannot_win(iv):
+            self.early_stop = done = True
+        else:
+            done = len(iv) >= self.spec["max_steps"] or (len(iv) >= self.fewest_steps()
+                                                         and measuring >= self.spec["max_seconds"])
+        settle = self.spec.get("settle")
+        if done and settle and not self.early_stop and len(iv) < self.spec["max_steps"]:
+            # Measured as long as a trial would be, a re-measurement goes on while more of its steps
+            # may answer its comparison, never less: stopping at the first look that settles it
+            # would make a wrong "settled" likelier (see settle_target).
+            return self._settle_verdict(measuring) != "open"
+        return done
+
+    def _settle_verdict(self, measuring: float) -> str:
+        """This re-measurement against the candidate leading the confirmation (see settle_verdict),
+        with as many more steps as fit before ``settle["max_seconds"]`` of timed steps."""
+        target = self.spec["settle"]
+        mean, _, ci = self.estimate()
+        df = self.estimate_df()
+        t = t95_df(df)
+        if not (math.isfinite(ci) and math.isfinite(t) and mean > 0):
+            return "out of reach"
+        value = target["scale"] / mean if target["maximize"] else mean
+        more = min(self.spec["max_steps"] - len(self.intervals()), (target["max_seconds"] - measuring) / mean)
+        if self.from_micro_steps():
+            more *= self.accumulation()  # each step adds that many samples to the estimate's parts
+        return settle_verdict(Figure(value, value * ci / mean, ci / t / mean, df), target, more=max(0.0, more))
 
     def _cannot_win(self, iv: list[float]) -> bool:
         """Even the optimistic end of a one-sided 95% interval loses to the best trial so far:
