@@ -269,6 +269,7 @@ def test_a_tie_is_settled_by_measuring_on_rather_than_by_a_second_round(tuner_fa
     trial = next(t for t in result.trials if t.name == "z2_mb8_gas4")
     assert job.spec.name == "z1_mb8_gas4" and job.settle["value"] == trial.metric("throughput")
     assert job.settle["max_seconds"] == tuner.measure.max_seconds > job.measure.max_seconds
+    assert job.probe_spec(job.trial_dir)["settle"] == job.settle  # what the probe reads (probe.json)
     remeasured = result.confirmed["z1_mb8_gas4"]
     assert remeasured.measurement.steps_measured > 10  # past its window's steps
     assert most_faster(trial, remeasured, "throughput") <= 0.03 < most_faster(
@@ -336,7 +337,7 @@ def test_the_probe_s_pair_rule_is_the_confirmation_s_for_two_candidates():
     import random
 
     from zerotune.confirm import settled
-    from zerotune.ranking import figure
+    from zerotune.ranking import figure_of
     from zerotune.step_stats import pair_settled
 
     rng, agree = random.Random(2), 0
@@ -346,7 +347,7 @@ def test_the_probe_s_pair_rule_is_the_confirmation_s_for_two_candidates():
         a = replace(a, spec=replace(a.spec, stage=1), peak_memory=[rng.choice([1, 2]) * 2**30] * 2)
         b = replace(b, spec=replace(b.spec, stage=2), peak_memory=[rng.choice([1, 2]) * 2**30] * 2)
         for metric in ("throughput", "latency"):
-            pair = pair_settled(figure(a, metric), figure(b, metric), maximize=metric != "latency", margin=0.03)
+            pair = pair_settled(figure_of(a, metric), figure_of(b, metric), maximize=metric != "latency", margin=0.03)
             assert pair == settled([a, b], metric), (i, metric, a.measurement, b.measurement)
             agree += pair
     assert 500 < agree < 5500  # both answers occur, often

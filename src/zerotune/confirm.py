@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._errors import ZerotuneError
-from .ranking import MAXIMIZE, TIE_MARGIN, Choice, choose_best, clearly_worse, figure, fmt_metric, most_faster
+from .ranking import MAXIMIZE, TIE_MARGIN, Choice, choose_best, clearly_worse, figure_of, fmt_metric, most_faster
 from .record import read_session
 from .step_stats import t95_df, welch_df
 from .trial import Measurement, TrialResult, TrialState
@@ -143,7 +143,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
             result = tuner.launcher.run(job)
             out.runs.append(result)
             by_name[r.name].append(result)
-            against = f", measured until settled against {leader.best.name}" if job.settle else ""
+            against = f", its comparison with {leader.best.name} to settle" if job.settle else ""
             record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {ROUNDS}{against}")
         if round_ < ROUNDS and settled(_confirmed(by_name, group), metric):
             break
@@ -160,7 +160,7 @@ def settle_target(leader: TrialResult, candidate: TrialResult, metric: str, max_
     stop at its first settled look answers wrongly more often (tests/test_probe.py measures
     both). The round's later candidates and the second round still follow settled(). None
     where the leader has no interval."""
-    lead, m = figure(leader, metric), candidate.measurement
+    lead, m = figure_of(leader, metric), candidate.measurement
     if lead is None or m is None or not math.isfinite(lead.rel_se):
         return None
     scale = None

@@ -18,7 +18,7 @@ def better(metric: str, a: float, b: float) -> bool:
     return a > b if MAXIMIZE[metric] else a < b
 
 
-def figure(r: TrialResult, metric: str) -> Figure | None:
+def figure_of(r: TrialResult, metric: str) -> Figure | None:
     """``r``'s ``metric`` as comparisons read it (see step_stats.Figure); None where unmeasured."""
     v, m = r.metric(metric), r.measurement
     if v is None or m is None:
@@ -29,7 +29,7 @@ def figure(r: TrialResult, metric: str) -> Figure | None:
 
 def within_noise(metric: str, a: TrialResult, b: TrialResult) -> bool:
     """True when the difference of ``a`` and ``b`` is inside the 95% interval of the difference."""
-    fa, fb = figure(a, metric), figure(b, metric)
+    fa, fb = figure_of(a, metric), figure_of(b, metric)
     return fa is not None and fb is not None and within_noise_of(fa, fb)
 
 
@@ -58,7 +58,7 @@ def most_faster(c: TrialResult, than: TrialResult, metric: str) -> float:
     step_stats.faster_bound). The question asked is one-sided (can ``c`` be faster by more than
     a margin?), so the one-sided quantile is the right one, and with few steps it is far smaller
     than the two-sided one. Infinite where either measurement has no interval (one timed step)."""
-    fc, fb = figure(c, metric), figure(than, metric)
+    fc, fb = figure_of(c, metric), figure_of(than, metric)
     assert fc is not None and fb is not None, "compared only measured trials"
     return faster_bound(fc, fb, maximize=MAXIMIZE[metric])
 
