@@ -123,3 +123,20 @@ def test_a_known_error_names_its_fix():
     assert "leave train_batch_size out of the ds_config" in known_fix(hf_cpu)
     assert known_fix(known_fix(hf_cpu)) == known_fix(hf_cpu)
     assert known_fix("RuntimeError: boom") == "RuntimeError: boom"
+
+
+def test_a_trial_that_never_started_names_a_build_lock_it_may_wait_on(tmp_path, monkeypatch):
+    """A killed DeepSpeed op build leaves torch's ``lock`` file; later trials wait on it without
+    a word until their timeout. The timeout's reason names the lock (never deleted: a running
+    build may hold it)."""
+    cache, trial = tmp_path / "ext", tmp_path / "trial"
+    trial.mkdir()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache))
+    assert run(trial, returncode=None, timed_out=True).reason == "no result within the trial timeout of 60 s"
+    lock = cache / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    r = run(trial, returncode=None, timed_out=True)
+    assert r.state is TrialState.TIMEOUT and str(lock) in r.reason and "delete it" in r.reason and lock.exists()
+    (trial / "rank0.progress").write_text("3 0.5\n")  # it trained: the lock is not why it timed out
+    assert "lock" not in run(trial, returncode=None, timed_out=True).reason

@@ -11,6 +11,7 @@ from typing import Any
 from ..step_stats import estimate_is_stable, is_stable, summarize
 from ..trial import Measurement, TrialResult, TrialSpec, TrialState
 from ..units import format_size
+from ._build_locks import lock_hint
 
 _OOM_TEXT = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.IGNORECASE)
 _RETURN_CODE = re.compile(r"exits with return code = (-?\d+)|exitcode\s*:\s*(-?\d+)")
@@ -145,6 +146,8 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
         return result
     if timed_out:
         result.state, result.reason = TrialState.TIMEOUT, f"no result within the trial timeout of {timeout:.0f} s"
+        if not present and not any((trial_dir / f"rank{r}.progress").exists() for r in range(world)):
+            result.reason += lock_hint()  # never reached a forward: maybe waiting on a stale build lock
         return result
     # A rank that died without reporting (a signal, os._exit) is the cause; what the others
     # then report (a broken connection in a collective) is only the consequence.
