@@ -56,6 +56,7 @@ def main() -> None:
         print(f"loss={loss.item():.4f} steps={step} zero_stage={engine.zero_optimization_stage()} "
               f"micro_batch={engine.train_micro_batch_size_per_gpu()} "
               f"accumulation={engine.gradient_accumulation_steps()}", flush=True)
+    accelerator.end_training()  # ends the process group too, before the interpreter's exit
 
 
 if __name__ == "__main__":

@@ -122,6 +122,10 @@ def main():
     parser = deepspeed.add_config_arguments(parser)
     args = parser.parse_args()
     train(model=args.model, steps=args.steps, log_every=args.log_every, args=args)
+    # Ended here, not left to the interpreter's exit: there, gloo's threads can abort a rank
+    # that has finished training ("terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -55,6 +55,10 @@ def main() -> None:
     if training_args.should_log:
         stage = trainer.model_wrapped.zero_optimization_stage() if training_args.deepspeed else None
         print(f"train_loss={result.training_loss:.4f} steps={result.global_step} zero_stage={stage}")
+    if torch.distributed.is_initialized():
+        # Ended here, not left to the interpreter's exit: there, gloo's threads can abort a rank
+        # that has finished training ("terminate called without an active exception").
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -43,9 +43,15 @@ def main() -> None:
         from ._lightning import install_trial
 
         install_trial(spec["lightning_config"], None)
-    from ._trial import run_script
+    from ._trial import release_default_group, run_script
 
-    run_script(spec, local_rank)
+    try:
+        run_script(spec, local_rank)
+    except SystemExit as e:
+        if e.code in (0, None):
+            release_default_group()
+        raise
+    release_default_group()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,34 @@
+"""``zerotune run``'s rank process (the probe in run mode): what it does after the user's script."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+# A script that trains nothing but leaves its default process group alive, as many do; its
+# atexit hook (which runs after the probe's) records whether the group was still there.
+SCRIPT = """
+import atexit, sys
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+atexit.register(lambda: open(sys.argv[2], "w").write(str(dist.is_initialized())))
+{end}
+"""
+
+
+@pytest.mark.parametrize("end", ["pass", "sys.exit(0)", "sys.exit(3)"])
+def test_a_group_the_script_left_alive_is_destroyed_before_the_interpreter_exits(tmp_path, end):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(end=end))
+    seen = tmp_path / "at_exit.txt"
+    spec = tmp_path / "run_probe.json"
+    spec.write_text(json.dumps({"mode": "run", "script": str(script), "local_rank_arg": False,
+                                "args": [str(tmp_path / "store"), str(seen)]}))
+    env = {**os.environ, "ZEROTUNE_PROBE": str(spec)}
+    proc = subprocess.run([sys.executable, "-m", "zerotune.probe"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == (3 if "3" in end else 0), proc.stderr
+    # A failed script's group is left as it was: a rank stuck in a collective must not be
+    # made to wait on it; the launcher ends the ranks.
+    assert seen.read_text() == ("True" if "3" in end else "False")
