@@ -140,7 +140,10 @@ def port_taken() -> tuple[bool, int, int, str]:
     finally:
         _local.free_port = real
         busy.close()
-    retried = any(p.name.startswith("launcher.attempt") for p in res.glob("*/*"))
+    # A cold trial retries in its own folder (launcher.attempt*); warm processes that could not
+    # take the port are retired with that reason, and the trial runs in the next ones.
+    retried = (any(p.name.startswith("launcher.attempt") for p in res.glob("*/*"))
+               or any("master port was in use" in p.read_text() for p in res.glob("_warm/*/retired.txt")))
     ok = retried and {t.spec.stage: t.state.value for t in result.trials} == {0: "ok", 1: "ok"}
     return ok, 0, orphans(res), f"retried on another port: {retried}"
 
