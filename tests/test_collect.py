@@ -1,6 +1,8 @@
 """How a trial's leftovers are classified (no processes: files written by hand)."""
 import json
 
+import pytest
+
 from zerotune.launch._collect import collect
 from zerotune.step_stats import t95_df
 from zerotune.trial import TrialSpec, TrialState
@@ -125,15 +127,22 @@ def test_a_known_error_names_its_fix():
     assert known_fix("RuntimeError: boom") == "RuntimeError: boom"
 
 
-def test_a_trial_that_never_started_names_a_build_lock_it_may_wait_on(tmp_path, monkeypatch):
+@pytest.mark.parametrize("layout", ["TORCH_EXTENSIONS_DIR", "default root"])
+def test_a_trial_that_never_started_names_a_build_lock_it_may_wait_on(tmp_path, monkeypatch, layout):
     """A killed DeepSpeed op build leaves torch's ``lock`` file; later trials wait on it without
     a word until their timeout. The timeout's reason names the lock (never deleted: a running
-    build may hold it)."""
+    build may hold it). torch builds in ``TORCH_EXTENSIONS_DIR/<op>`` where that is set, else in
+    ``<XDG_CACHE_HOME>/torch_extensions/<python>_<device>/<op>``."""
     cache, trial = tmp_path / "ext", tmp_path / "trial"
     trial.mkdir()
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache))
+    if layout == "TORCH_EXTENSIONS_DIR":
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(cache))
+        lock = cache / "deepspeed_shm_comm" / "lock"
+    else:
+        monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+        lock = cache / "torch_extensions" / "py311_cpu" / "deepspeed_shm_comm" / "lock"
     assert run(trial, returncode=None, timed_out=True).reason == "no result within the trial timeout of 60 s"
-    lock = cache / "py311_cpu" / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True)
     lock.touch()
     r = run(trial, returncode=None, timed_out=True)

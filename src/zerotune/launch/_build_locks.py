@@ -8,26 +8,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping
 
 
-def extension_cache(env: Mapping[str, str] = os.environ) -> Path:
-    """Where torch builds C++ extensions: TORCH_EXTENSIONS_DIR, else ~/.cache/torch_extensions."""
-    given = env.get("TORCH_EXTENSIONS_DIR")
-    return Path(given) if given else Path(env.get("HOME", str(Path.home()))) / ".cache" / "torch_extensions"
-
-
-def build_locks(env: Mapping[str, str] = os.environ) -> list[Path]:
-    """The build locks in torch's extension cache (``<cache>/<python and device>/<op>/lock``)."""
+def build_locks() -> list[Path]:
+    """The build locks in torch's extension cache. torch builds an op in ``TORCH_EXTENSIONS_DIR/<op>``
+    where that is set, else in ``<its default root>/<python>_<device>/<op>``; the default root is
+    torch's own answer (``get_default_build_root``: XDG_CACHE_HOME, else ~/.cache). torch is
+    imported only here, on the path of a trial that timed out without a forward."""
+    given = os.environ.get("TORCH_EXTENSIONS_DIR")
     try:
-        return sorted(extension_cache(env).glob("*/*/lock"))
-    except OSError:
+        if given:
+            return sorted(Path(given).glob("*/lock"))
+        from torch.utils.cpp_extension import get_default_build_root
+
+        return sorted(Path(get_default_build_root()).glob("*/*/lock"))
+    except (OSError, ImportError):
         return []
 
 
-def lock_hint(env: Mapping[str, str] = os.environ) -> str:
+def lock_hint() -> str:
     """A sentence naming the build locks a trial that never started may have waited on; "" if none."""
-    locks = build_locks(env)
+    locks = build_locks()
     if not locks:
         return ""
     named = ", ".join(str(p) for p in locks[:3]) + (f" and {len(locks) - 3} more" if len(locks) > 3 else "")
