@@ -26,6 +26,8 @@ class FakeMachine:
     num_params: int = 10_000_000
     knob_speed: dict = field(default_factory=dict)
     """Throughput factor per (dotted key, value) override, e.g. {("zero_optimization.overlap_comm", True): 1.2}."""
+    trial_seconds: float = 0.0
+    """Wall time each trial and re-measurement reports."""
     reduce_bucket_bytes: int = 0
     """Extra peak bytes per element of zero_optimization.reduce_bucket_size, up to the model's size
     (a bucket holds at most every gradient), as zerotune's memory model counts it."""
@@ -70,7 +72,8 @@ class FakeLauncher(Launcher):
         m, spec = self.machine, job.spec
         peak = m.peak(spec)
         base = dict(spec=spec, peak_memory=[peak, peak], static_memory=[m.static[spec.stage]] * 2,
-                    memory_kind="fake", num_params=m.num_params, budget=job.budget)
+                    memory_kind="fake", num_params=m.num_params, budget=job.budget,
+                    wall_time=m.trial_seconds)
         if spec.name in m.crash:
             return TrialResult(state=TrialState.CRASHED, reason="RuntimeError: boom", **base)
         if job.budget and peak > job.budget:

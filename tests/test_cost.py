@@ -61,3 +61,25 @@ def test_the_cost_says_how_many_trials_ran_warm_and_why_others_ran_cold():
     assert f"retired after {b.name}: the trial ended oom" in line
     assert not any(x.startswith("processes:") for x in tuning_cost([trial(0, 8, 1.0, 30.0, 8.0)], None, None,
                                                                     1.0).lines())  # older results: unknown
+
+
+def test_a_rerun_that_resumes_counts_the_time_of_what_it_reused(tuner_factory, tmp_path):
+    """A rerun that reuses every trial takes seconds; its cost still names what the tuning took,
+    in the summary, the JSON result and `zerotune show`, and the payback is reckoned on that."""
+    machine = FakeMachine(trial_seconds=10.0, speed={0: 1.0, 1: 1.01, 2: 0.5, 3: 0.4})
+    first = tuner_factory(memory="16GiB", machine=machine).tune()
+    assert first.cost.remeasured > 0, "the machine's stages 0 and 1 tie: the rerun must reuse re-measurements too"
+    assert first.cost.earlier_time == 0 and first.cost.trial_time == 10.0 * (first.launched + first.cost.remeasured)
+    again = tuner_factory(memory="16GiB", machine=machine).tune()
+    cost = again.cost
+    assert again.launched == 0 and cost.remeasured == first.cost.remeasured
+    assert cost.earlier_time == cost.trial_time == first.cost.trial_time
+    assert cost.total_time == cost.wall_time + cost.earlier_time and cost.wall_time < cost.earlier_time
+    summary = (tmp_path / "results" / "summary.txt").read_text()
+    assert f"tuning {cost.total_time:.0f} s in all ({cost.wall_time:.0f} s in this run" in summary
+    assert f"tuning time {cost.total_time:.0f} s in all" in summary
+    events = JsonEvents(io.StringIO())
+    events.result(again)
+    assert json.loads(events.stream.getvalue())["cost"]["earlier_time"] == cost.earlier_time
+    shown = load_results(tmp_path / "results").cost
+    assert (shown.earlier_time, shown.total_time) == (cost.earlier_time, cost.total_time)

@@ -129,6 +129,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
                 out.runs.append(result)
                 by_name[result.name].append(result)
                 record.emit("confirm", 1 if i < _first_round(out) else 2, result.spec, result, "from disk")
+                record.reused(result)
             return _decide(out, by_name, order, choice, metric, reused=True)
     group, first = _first_in(group, trial_first(tuner, record, group))
     out, by_name = _start(group, first)

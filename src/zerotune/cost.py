@@ -19,6 +19,12 @@ class TuningCost:
     """The tuning, end to end (this invocation)."""
     trial_time: float
     """Wall time of every trial of the tuning, including those an earlier run measured."""
+    earlier_time: float = 0.0
+    """Of ``trial_time``, what the trials and re-measurements this invocation reused from disk
+    took in the earlier runs that measured them: part of what the tuning cost, though not of
+    ``wall_time`` (a rerun that resumes takes seconds)."""
+    total_time: float = 0.0
+    """What the tuning cost in all: ``wall_time`` plus ``earlier_time``."""
     measuring: float
     """Of that, the timed steps."""
     overhead: float
@@ -44,7 +50,11 @@ class TuningCost:
     def lines(self) -> list[str]:
         share = f" ({self.overhead / self.trial_time:.0%})" if self.trial_time else ""
         again = f" and {self.remeasured} re-measurement(s)" if self.remeasured else ""
-        out = [f"cost: tuning {self.wall_time:.0f} s; {self.trials} trial(s){again} took {self.trial_time:.0f} s, "
+        spent = f"tuning {self.wall_time:.0f} s"
+        if self.earlier_time:
+            spent = (f"tuning {self.total_time:.0f} s in all ({self.wall_time:.0f} s in this run, "
+                     f"{self.earlier_time:.0f} s in the earlier runs that measured what it reused)")
+        out = [f"cost: {spent}; {self.trials} trial(s){again} took {self.trial_time:.0f} s, "
                f"{self.measuring:.0f} s of it timed steps and {self.overhead:.0f} s launch, start-up, warm-up and "
                f"teardown{share}"]
         if self.launches or self.warm:
@@ -57,8 +67,10 @@ class TuningCost:
 
 
 def tuning_cost(trials: list[TrialResult], best: TrialResult | None, own: TrialSpec | None,
-                wall_time: float, remeasured: list[TrialResult] | None = None) -> TuningCost:
-    """``remeasured``: runs that confirmed the choice, counted in the time (not as trials)."""
+                wall_time: float, remeasured: list[TrialResult] | None = None,
+                earlier_time: float = 0.0) -> TuningCost:
+    """``remeasured``: runs that confirmed the choice, counted in the time (not as trials);
+    ``earlier_time``: see TuningCost."""
     ran = [t for t in trials if t.state is not TrialState.PRUNED]
     confirming = list(remeasured or [])
     trial_time = sum(t.wall_time for t in ran + confirming)
@@ -66,11 +78,12 @@ def tuning_cost(trials: list[TrialResult], best: TrialResult | None, own: TrialS
     started = [t for t in ran + confirming if t.start]  # launched by this tuning or a recent one (older: unknown)
     reasons = [t.start.split(": ", 1)[1] for t in started if t.start.startswith("cold: ")]
     reasons += [f"retired after {t.name}: {t.retired}" for t in started if t.retired]
-    cost = TuningCost(wall_time=wall_time, trial_time=trial_time, measuring=measuring,
+    cost = TuningCost(wall_time=wall_time, trial_time=trial_time, earlier_time=earlier_time,
+                      total_time=wall_time + earlier_time, measuring=measuring,
                       overhead=max(0.0, trial_time - measuring), trials=len(ran), remeasured=len(confirming),
                       warm=sum(t.warm for t in started), launches=sum(not t.warm for t in started),
                       cold_reasons=list(dict.fromkeys(reasons)))
-    cost.payback_steps, cost.payback_note = _payback(trials, best, own, max(wall_time, trial_time))
+    cost.payback_steps, cost.payback_note = _payback(trials, best, own, max(cost.total_time, trial_time))
     return cost
 
 

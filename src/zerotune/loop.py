@@ -107,6 +107,7 @@ class PhaseRun:
             # Verified as if it ran now, so that a rerun makes the same decisions as the first run.
             self.model.verify(spec.name, prediction, result)
             record.emit("reused", index, spec, result)
+            record.reused(result)
             return result
         if record.launched >= at.tuner_num_trials:
             record.note(f"stopped after tuner_num_trials={at.tuner_num_trials} trials")

@@ -72,6 +72,9 @@ class TuningRecord:
         self.trials: list[TrialResult] = []
         self.notes: list[str] = []
         self.launched = 0
+        self.earlier_time = 0.0
+        """What the trials and re-measurements this tuning reused from disk took in the earlier
+        runs that measured them (see reused)."""
         self.last_run: TrialResult | None = None
         """The trial this tuning launched that finished last (what ran just before the next)."""
         self.best_name: str | None = None
@@ -145,6 +148,11 @@ class TuningRecord:
             line += "; run again: " + ", ".join(f"{n} because {r}" for r, n in why.most_common())
         return line
 
+    def reused(self, result: TrialResult) -> None:
+        """Count a trial or re-measurement taken from disk instead of run: its time was spent by
+        the run that measured it, and is part of what this tuning cost."""
+        self.earlier_time += result.wall_time
+
     # -- recording -----------------------------------------------------------------------------
     def add(self, result: TrialResult) -> None:
         """Append a trial to this tuning. A measured one is already on disk (:meth:`save`); a
@@ -164,6 +172,7 @@ class TuningRecord:
         """``remeasured``: the re-measurements that confirmed the choice ``best``;
         ``confirm_from_trial``: the candidate whose trial stood as its first-round figure."""
         write_json(self.root / SESSION, {**self.session, "state": state, "wall_time": wall,
+                                         "earlier_time": self.earlier_time,
                                          "trials": [t.name for t in self.trials], "notes": list(notes or self.notes),
                                          "best": best, "best_config": best_config, "remeasured": remeasured or [],
                                          "confirm_from_trial": confirm_from_trial})

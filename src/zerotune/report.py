@@ -35,7 +35,10 @@ def summary_text(result: TuningResult) -> str:
             lines.append(line)
     else:
         lines.append("best: none (no trial succeeded)")
-    lines.append(f"trials: {len(result.trials)} ({result.launched} run now), tuning time {result.wall_time:.0f} s")
+    spent = f"{result.wall_time:.0f} s"
+    if result.cost is not None and result.cost.earlier_time:
+        spent = f"{result.cost.total_time:.0f} s in all ({result.wall_time:.0f} s in this run)"
+    lines.append(f"trials: {len(result.trials)} ({result.launched} run now), tuning time {spent}")
     if result.cost is not None:
         lines += result.cost.lines()
     lines += [f"note: {n}" for n in result.notes]

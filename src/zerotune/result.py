@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,8 +141,9 @@ def load_results(results_dir: str | Path) -> TuningResult:
                 best_config = None
     notes = [n for n in session.get("notes", []) if isinstance(n, str)] if isinstance(session.get("notes"), list) \
         else []
-    wall = session.get("wall_time")
-    wall = float(wall) if isinstance(wall, (int, float)) and not isinstance(wall, bool) and wall >= 0 else 0.0
+    # Seconds as an earlier run wrote them; anything else (a hand-edited or damaged file) reads 0.
+    wall, earlier = (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
+                     else 0.0 for v in (session.get("wall_time"), session.get("earlier_time")))
     try:
         own = TrialSpec.from_dict(session["own"]) if session.get("own") is not None else None
     except ValueError:
@@ -154,4 +156,5 @@ def load_results(results_dir: str | Path) -> TuningResult:
                         confirmed=confirmed,
                         notes=notes + damaged + ([choice.note] if choice and choice.note and choice.note not in notes
                                                  else []),
-                        wall_time=wall, cost=tuning_cost(trials, best, own, wall, remeasured=remeasured))
+                        wall_time=wall, cost=tuning_cost(trials, best, own, wall, remeasured=remeasured,
+                                                         earlier_time=earlier))

@@ -239,7 +239,8 @@ class Autotuner:
                                    best_config=best_config, results_dir=self.results_dir, notes=notes,
                                    wall_time=wall, launched=record.launched, env=self.cluster.run_env(),
                                    confirmed=confirmation.confirmed if confirmation is not None else {},
-                                   cost=tuning_cost(trials, best, self.own_spec, wall, remeasured=remeasured))
+                                   cost=tuning_cost(trials, best, self.own_spec, wall, remeasured=remeasured,
+                                                    earlier_time=record.earlier_time))
         record.write_session("finished", wall=wall, notes=notes, best=best.name if best else None,
                              best_config=best_config, remeasured=[r.to_dict() for r in remeasured],
                              confirm_from_trial=confirmation.from_trial if confirmation is not None else None)
