@@ -59,3 +59,19 @@ def test_headroom_wins_only_where_its_cost_is_shown_within_the_margin():
                                             steps_measured=1))
     choice = choose_best([fast, one], "throughput")
     assert choice.best is fast and "its cost is unknown" in choice.note
+
+
+def test_why_a_trial_stopped_early_lost_names_the_test_that_decided(tmp_path):
+    # Within the two-sided noise of the best, but shown by its probe unable to beat it: the
+    # reason says what decided, never "the order is not certain" (which would call for a
+    # re-measurement that was rightly not made).
+    from zerotune.result import TuningResult
+
+    fast = trial(1, 2.00, 0.02, peak=900)  # 32 samples/s
+    stopped = trial(2, 2.02, 0.05, peak=900, lost_to=32.0)
+    result = TuningResult(metric="throughput", trials=[fast, stopped], best=fast, best_config={},
+                          results_dir=tmp_path)
+    assert result.why_lost(stopped) == ("1.0% slower than z1_mb8_gas1 (stopped early: shown, one-sided at 95%, "
+                                        "unable to beat 32.0 samples/s)")
+    measured = replace(stopped, measurement=replace(stopped.measurement, early_stop=False, lost_to=None))
+    assert result.why_lost(measured).endswith("which measured better; the order is not certain")

@@ -10,7 +10,7 @@ from typing import Any
 from ._errors import ZerotuneError
 from .confirm import confirmed_in, remeasured_in
 from .cost import TuningCost, tuning_cost
-from .ranking import MAXIMIZE, Choice, better, choose_best, fmt_metric, fmt_value, within_noise
+from .ranking import MAXIMIZE, UNITS, Choice, better, choose_best, fmt_metric, fmt_value, shown_worse, tied_with
 from .record import read_session
 from .store import SESSION, DamagedTrial, ResultStore
 from .trial import TrialResult, TrialSpec, TrialState
@@ -77,14 +77,20 @@ class TuningResult:
         again = trial.name in self.confirmed and self.best.name in self.confirmed
         r, best = (self.confirmed[trial.name], self.confirmed[self.best.name]) if again else (trial, self.best)
         how = "re-measured: " if again else ""
-        if within_noise(self.metric, r, best):
+        if tied_with(self.metric, r, best):
             if (best.max_peak or 0) < (r.max_peak or 0) and better(self.metric, r.metric(self.metric),
                                                                    best.metric(self.metric)):
                 return f"{how}within noise of {best.name}, which has more memory headroom"
             return f"{how}within noise of {best.name}, which measured better; the order is not certain"
         v, b = r.metric(self.metric), best.metric(self.metric)
         pct = abs(b - v) / b * 100 if b else 0.0
-        return f"{how}{pct:.1f}% {'slower' if MAXIMIZE[self.metric] else 'higher latency'} than {best.name}"
+        line = f"{how}{pct:.1f}% {'slower' if MAXIMIZE[self.metric] else 'higher latency'} than {best.name}"
+        if shown_worse(self.metric, r, best):
+            # Its few steps may leave it inside the two-sided noise: what decided is the probe's test.
+            lost = r.measurement.lost_to
+            lost_to = f"{lost * 1000:.1f}" if self.metric == "latency" else f"{lost:.1f}"
+            line += f" (stopped early: shown, one-sided at 95%, unable to beat {lost_to} {UNITS[self.metric]})"
+        return line
 
     def summary_rows(self) -> list[dict[str, Any]]:
         """Per stage: trials, best metric with its spread, best trial."""
