@@ -271,7 +271,7 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
         verdict += (f"; after one round none can be more than {TIE_MARGIN:.0%} faster than {out.best}, "
                     "so no second round")
     if out.best != choice.best.name:
-        verdict += f" (on the first measurements: {choice.best.name})"
+        verdict += f" (the trials alone had chosen {choice.best.name})"
     out.note = (f"confirmed: measured {len(group)} configurations within noise of each other again, interleaved "
                 + ("(by an earlier run of this tuning, reused) " if reused else "") +
                 f"({order}): {figures}; {verdict}"
