@@ -65,7 +65,7 @@ def test_the_cost_says_how_many_trials_ran_warm_and_why_others_ran_cold():
 
 def test_a_rerun_that_resumes_counts_the_time_of_what_it_reused(tuner_factory, tmp_path):
     """A rerun that reuses every trial takes seconds; its cost still names what the tuning took,
-    in the summary, the JSON result and `zerotune show`, and the payback is reckoned on that."""
+    in the summary, the JSON result and `zerotune show`."""
     machine = FakeMachine(trial_seconds=10.0, speed={0: 1.0, 1: 1.01, 2: 0.5, 3: 0.4})
     first = tuner_factory(memory="16GiB", machine=machine).tune()
     assert first.cost.remeasured > 0, "the machine's stages 0 and 1 tie: the rerun must reuse re-measurements too"
