@@ -23,8 +23,6 @@ class TuningCost:
     """Of ``trial_time``, what the trials and re-measurements this invocation reused from disk
     took in the earlier runs that measured them: part of what the tuning cost, though not of
     ``wall_time`` (a rerun that resumes takes seconds)."""
-    total_time: float = 0.0
-    """What the tuning cost in all: ``wall_time`` plus ``earlier_time``."""
     measuring: float
     """Of that, the timed steps."""
     overhead: float
@@ -44,8 +42,13 @@ class TuningCost:
     cold_reasons: list[str] = field(default_factory=list)
     """Why trials ran cold, or why warm processes were retired (each once)."""
 
+    @property
+    def total_time(self) -> float:
+        """What the tuning cost in all: ``wall_time`` plus ``earlier_time``."""
+        return self.wall_time + self.earlier_time
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "total_time": self.total_time}
 
     def lines(self) -> list[str]:
         share = f" ({self.overhead / self.trial_time:.0%})" if self.trial_time else ""
@@ -78,8 +81,7 @@ def tuning_cost(trials: list[TrialResult], best: TrialResult | None, own: TrialS
     started = [t for t in ran + confirming if t.start]  # launched by this tuning or a recent one (older: unknown)
     reasons = [t.start.split(": ", 1)[1] for t in started if t.start.startswith("cold: ")]
     reasons += [f"retired after {t.name}: {t.retired}" for t in started if t.retired]
-    cost = TuningCost(wall_time=wall_time, trial_time=trial_time, earlier_time=earlier_time,
-                      total_time=wall_time + earlier_time, measuring=measuring,
+    cost = TuningCost(wall_time=wall_time, trial_time=trial_time, earlier_time=earlier_time, measuring=measuring,
                       overhead=max(0.0, trial_time - measuring), trials=len(ran), remeasured=len(confirming),
                       warm=sum(t.warm for t in started), launches=sum(not t.warm for t in started),
                       cold_reasons=list(dict.fromkeys(reasons)))

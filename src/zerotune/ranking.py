@@ -118,16 +118,21 @@ def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
 UNITS = {"throughput": "samples/s", "latency": "ms/step", "flops": "TFLOP/s"}
 
 
+def fmt_number(metric: str, v: float) -> str:
+    """A figure of ``metric`` in the unit UNITS names (latency in ms, FLOP/s in TFLOP/s), without it."""
+    if metric == "latency":
+        return f"{v * 1000:.1f}"
+    if metric == "flops":
+        return f"{v / 1e12:.3f}"
+    return f"{v:.1f}"
+
+
 def fmt_value(metric: str, r: TrialResult) -> str:
     """The metric with its 95% half-width, without the unit (see UNITS; for table columns)."""
     v, ci = r.metric(metric), r.metric_ci(metric)
     if v is None:
         return "-"
-    if metric == "latency":
-        return f"{v * 1000:.1f} ± {(ci or 0) * 1000:.1f}"
-    if metric == "flops":
-        return f"{v / 1e12:.3f} ± {(ci or 0) / 1e12:.3f}"
-    return f"{v:.1f} ± {(ci or 0):.1f}"
+    return f"{fmt_number(metric, v)} ± {fmt_number(metric, ci or 0)}"
 
 
 def fmt_metric(metric: str, r: TrialResult) -> str:

@@ -10,7 +10,8 @@ from typing import Any
 from ._errors import ZerotuneError
 from .confirm import confirmed_in, remeasured_in
 from .cost import TuningCost, tuning_cost
-from .ranking import MAXIMIZE, UNITS, Choice, better, choose_best, fmt_metric, fmt_value, shown_worse, tied_with
+from .ranking import (MAXIMIZE, UNITS, Choice, better, choose_best, fmt_metric, fmt_number, fmt_value, shown_worse,
+                      tied_with)
 from .record import read_session
 from .store import SESSION, DamagedTrial, ResultStore
 from .trial import TrialResult, TrialSpec, TrialState
@@ -87,8 +88,7 @@ class TuningResult:
         line = f"{how}{pct:.1f}% {'slower' if MAXIMIZE[self.metric] else 'higher latency'} than {best.name}"
         if shown_worse(self.metric, r, best):
             # Its few steps may leave it inside the two-sided noise: what decided is the probe's test.
-            lost = r.measurement.lost_to
-            lost_to = f"{lost * 1000:.1f}" if self.metric == "latency" else f"{lost:.1f}"
+            lost_to = fmt_number(self.metric, r.measurement.lost_to)
             line += f" (stopped early: shown, one-sided at 95%, unable to beat {lost_to} {UNITS[self.metric]})"
         return line
 
