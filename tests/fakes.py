@@ -28,6 +28,8 @@ class FakeMachine:
     """Throughput factor per (dotted key, value) override, e.g. {("zero_optimization.overlap_comm", True): 1.2}."""
     trial_seconds: float = 0.0
     """Wall time each trial and re-measurement reports."""
+    left_out: dict[str, list[float]] = field(default_factory=dict)
+    """Per trial name, step times its measurement left out as disturbances."""
     reduce_bucket_bytes: int = 0
     """Extra peak bytes per element of zero_optimization.reduce_bucket_size, up to the model's size
     (a bucket holds at most every gradient), as zerotune's memory model counts it."""
@@ -81,7 +83,9 @@ class FakeLauncher(Launcher):
         samples = spec.micro_batch * spec.grad_accum * (job.num_gpus)
         step = samples / m.throughput(spec)
         meas = Measurement(samples_per_step=samples, step_time_mean=step, step_time_std=step * m.rel_ci,
-                           step_time_ci95=step * m.rel_ci, steps_measured=10, stable=True)
+                           step_time_ci95=step * m.rel_ci, steps_measured=10, stable=True,
+                           left_out=m.left_out.get(spec.name, []),
+                           left_out_median=step if spec.name in m.left_out else None)
         if job.settle:
             meas = measured_until_settled(meas, job.settle)
         return TrialResult(state=TrialState.OK, measurement=meas, **base)

@@ -142,6 +142,9 @@ def damages(results: Path) -> list[tuple[str, callable]]:
         ("steps not a count", with_result(measurement={**measurement, "steps_measured": "x"})),
         ("FLOPs not a number", with_result(measurement={**measurement, "flops_per_step": "x"})),
         ("absurd step spread", with_result(measurement={**measurement, "step_time_std": 1e308})),
+        ("left-out steps not times", with_result(measurement={**measurement, "left_out": ["x", -1]})),
+        ("left-out median not a time", with_result(measurement={**measurement, "left_out": [2.0],
+                                                                "left_out_median": "slow"})),
         # A confirmation's re-measurements (tuning.json), combined for the best line on show.
         ("re-measurement without a step count", remeasured(steps_measured=None)),
         ("absurd re-measurement", remeasured(step_time_std=1e308, step_time_mean=1e308)),

@@ -46,6 +46,29 @@ def test_a_micro_step_estimate_keeps_its_degrees_of_freedom(tmp_path):
     assert run(tmp_path).measurement.step_time_df is None
 
 
+def test_a_disturbed_step_is_left_out_of_the_figure_and_kept_in_the_measurement(tmp_path):
+    steps = [1.91, 1.88, 1.95, 2.73, 1.90, 1.93, 1.89, 1.92]
+    rank(tmp_path, 0, intervals=steps)
+    rank(tmp_path, 1, intervals=steps)
+    m = run(tmp_path).measurement
+    rest = [x for x in steps if x != 2.73]
+    assert abs(m.step_time_mean - sum(rest) / 7) < 1e-12 and m.step_time_df == 6 and m.stable
+    assert m.left_out == [2.73] and m.left_out_unit == "step" and abs(m.left_out_median - 1.915) < 1e-9
+    # Still timed: the step count and the seconds the measurement took include it.
+    assert m.steps_measured == 8 and abs(m.timed_seconds - sum(steps)) < 1e-12
+    rank(tmp_path, 0)  # steady steps: nothing left out
+    assert run(tmp_path).measurement.left_out == []
+
+
+def test_micro_steps_left_out_by_the_probe_are_recorded(tmp_path):
+    rank(tmp_path, 0, estimate=[2.0, 0.05, 0.04], estimate_df=11.5, left_out=[0.9], left_out_median=0.25)
+    rank(tmp_path, 1)
+    m = run(tmp_path).measurement
+    assert (m.left_out, m.left_out_median, m.left_out_unit) == ([0.9], 0.25, "micro-step")
+    rank(tmp_path, 0, estimate=[2.0, 0.05, 0.04], estimate_df=11.5, left_out=["x"], left_out_median=0.25)
+    assert run(tmp_path).measurement.left_out == []  # damaged: nothing claimed
+
+
 def test_an_early_stop_keeps_what_it_lost_to(tmp_path):
     rank(tmp_path, 0, early_stop=True, lost_to={"metric": "throughput", "value": 40.0})
     rank(tmp_path, 1)

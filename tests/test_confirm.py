@@ -148,6 +148,14 @@ def test_combined_measurement_pools_the_rounds_degrees_of_freedom():
     assert m.step_time_df == 8 and m.step_time_ci95 < 0.04 / 2 ** 0.5
     assert m.steps_measured == 10 and abs(m.timed_seconds - 11.0) < 1e-12
     assert replace(m).samples_per_step == 8
+    # Steps a round left out as disturbances stay named in the combined measurement.
+    def disturbed(seconds, median):
+        r = measured(1.0, 0.04)
+        return replace(r, measurement=replace(r.measurement, left_out=[seconds], left_out_median=median))
+
+    rounds = [disturbed(1.5, 1.0), measured(1.0, 0.04), disturbed(1.4, 1.02)]
+    assert (combined(rounds).left_out, combined(rounds).left_out_median) == ([1.5, 1.4], 1.0)
+    assert combined([measured(1.0, 0.04)] * 2).left_out_median is None
     # A micro-step estimate's own degrees of freedom are used where they were recorded.
     assert combined([measured(1.0, 0.04, df=20.0), measured(1.0, 0.04, df=20.0)]).step_time_df == 40
 

@@ -34,7 +34,7 @@ def check(outcome, *codes):
             or last.startswith("zerotune") and ": error: argument" in last, outcome.err
 
 
-DAMAGE_KINDS = 24
+DAMAGE_KINDS = 26
 """len(damages(...)): parametrize needs the count before any folder exists (checked below)."""
 
 
@@ -47,7 +47,7 @@ def test_damaged_results_folders(pristine, tmp_path, command, index):
     outcome = run_cli([command, str(results)], box, results)
     check(outcome)
     assert "\x1b" not in outcome.out + outcome.err and "\x00" not in outcome.out + outcome.err
-    if (name.startswith("truncated result") or name == "absurd interval") and command == "show":
+    if (name.startswith(("truncated result", "left-out")) or name == "absurd interval") and command == "show":
         assert "damaged" in outcome.out  # the trial does not vanish without a word
 
 

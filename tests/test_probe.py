@@ -136,6 +136,18 @@ def test_over_budget_stops_as_oom(probe_factory, tmp_path):
     assert json.loads((tmp_path / "rank0.json").read_text())["state"] == "oom"
 
 
+def test_a_disturbed_step_does_not_keep_a_trial_measuring(probe_factory, tmp_path):
+    # Steady 1 s steps with one 1.45 s step among them: left out, the rest settle at six timed
+    # steps (the fewest a step is left out from), where with it the interval stays wider than 3%.
+    durations = [1.0, 1.0, 1.0, 1.0, 1.45, 1.0, 1.01, 0.99] + [1.0] * 40
+    probe = probe_factory(clock(durations))
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), len(durations))
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert out["state"] == "ok" and len(out["intervals"]) == 6 and max(out["intervals"]) > 1.4
+    assert not is_stable(out["intervals"], min_steps=3, rel_ci=0.03)  # all six together: not yet
+
+
 def test_stops_early_when_it_cannot_beat_the_best(probe_factory, tmp_path):
     noisy = [0.0, 0.0, 1.0, 2.0, 3.1, 4.0, 5.2, 6.1, 7.3, 8.0, 9.4, 10.1]  # too noisy to be "stable" soon
     probe = probe_factory(noisy + [float(i) for i in range(12, 100)], rel_ci=0.001,

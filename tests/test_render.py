@@ -52,3 +52,21 @@ def test_the_summary_fits_80_columns_and_names_the_environment(tmp_path, script,
 def test_no_environment_line_on_gpu(tuner_factory):
     result = tuner_factory(memory="6GiB").tune()
     assert result.env == {} and result.env_line() is None
+
+
+def test_a_step_left_out_as_a_disturbance_is_named_in_the_summary(tuner_factory):
+    import json
+
+    from fakes import FakeMachine
+    from zerotune.report import summary_text
+
+    name = "z1_mb8_gas4"
+    tuner = tuner_factory(machine=FakeMachine(left_out={name: [2.73]}),
+                          config={"zero_optimization": {"stage": [1]}, "train_micro_batch_size_per_gpu": 8})
+    result = tuner.tune()
+    for res in (result, load_results(tuner.results_dir)):
+        lines = [x for x in summary_text(res).splitlines() if x.startswith("left out: ")]
+        assert len(lines) == 1 and lines[0].startswith(f"left out: {name}: 1 step (2.73 s; their median ")
+        assert "its figure is of the other steps" in lines[0]
+    stored = json.loads((tuner.results_dir / "results.json").read_text())
+    assert next(t for t in stored["trials"] if t["name"] == name)["measurement"]["left_out"] == [2.73]

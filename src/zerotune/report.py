@@ -42,6 +42,7 @@ def summary_text(result: TuningResult) -> str:
     if result.cost is not None:
         lines += result.cost.lines()
     lines += [f"note: {n}" for n in result.notes]
+    lines += result.left_out_lines()
     lines.append("")
     # The figures first, in 80 columns for the usual names; why a trial was not chosen ends the line.
     width = max([len("trial")] + [len(t.name) for t in result.trials]) + 1

@@ -92,6 +92,24 @@ class TuningResult:
             line += f" (stopped early: shown, one-sided at 95%, unable to beat {lost_to} {UNITS[self.metric]})"
         return line
 
+    def left_out_lines(self) -> list[str]:
+        """One line per measurement that left a disturbed step out of its figure (see
+        step_stats.split_disturbed): a trial's, and its re-measurements' where the confirmation
+        measured it again. Said, because the figure is then of the other steps."""
+        lines = []
+        for label, t in [(t.name, t) for t in self.trials] + [(f"{n} re-measured", c) for n, c in self.confirmed.items()]:
+            m = t.measurement
+            if m is None or not m.left_out:
+                continue
+            unit = "micro-step" if m.left_out_unit == "micro-step" else "step"
+            seconds = ", ".join(f"{x:.2f}" for x in sorted(m.left_out, reverse=True)[:3])
+            more = ", ..." if len(m.left_out) > 3 else ""
+            median = f"; their median {m.left_out_median:.2f} s" if m.left_out_median else ""
+            lines.append(f"left out: {label}: {len(m.left_out)} {unit}{'s' * (len(m.left_out) > 1)} "
+                         f"({seconds}{more} s{median}) far slower than the rest, as a disturbance of the machine; "
+                         "its figure is of the other steps")
+        return lines
+
     def summary_rows(self) -> list[dict[str, Any]]:
         """Per stage: trials, best metric with its spread, best trial."""
         rows = []

@@ -140,6 +140,12 @@ def _measurement_damage(m: dict[str, Any]) -> str:
         return "measurement's FLOPs per step is not a positive number"
     if not all(isinstance(m.get(k, ""), str) for k in ("flops_note", "lost_to_metric")):
         return "measurement's notes are not text"
+    left_out = m.get("left_out", [])
+    if not (isinstance(left_out, list) and len(left_out) <= max(0, steps) * 1024
+            and all(_number(v, positive=True) and v <= MAX_STEP_SECONDS for v in left_out)
+            and (m.get("left_out_median") is None or _number(m.get("left_out_median"), positive=True))
+            and m.get("left_out_unit", "step") in ("step", "micro-step")):
+        return "measurement's steps left out as disturbances are not a list of step times"
     mean = m["step_time_mean"]
     # Positive step times keep the standard deviation below mean x sqrt(n) and the standard
     # error below the mean: see CI_CEILING.
@@ -180,6 +186,14 @@ class Measurement:
     step_time_df: float | None = None
     """Degrees of freedom of step_time_ci95's t quantile (steps_measured - 1 for whole steps; fewer
     or more for an estimate from micro-steps); None where unknown (then see standard_error)."""
+    left_out: list[float] = field(default_factory=list)
+    """Seconds of each timed sample left out of the figure as a disturbance (see
+    step_stats.split_disturbed): whole steps, or micro-steps where left_out_unit says so. The
+    steps stay in steps_measured and timed_seconds; the mean and interval are of the rest."""
+    left_out_median: float | None = None
+    """The median of the samples those were judged against."""
+    left_out_unit: str = "step"
+    """What left_out holds: "step" (whole optimizer steps) or "micro-step"."""
 
     @property
     def standard_error(self) -> tuple[float, float]:

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from ..step_stats import estimate_is_stable, is_stable, summarize
+from ..step_stats import estimate_is_stable, is_stable, split_disturbed, summarize
 from ..trial import Measurement, TrialResult, TrialSpec, TrialState
 from ..units import format_size
 from ._build_locks import lock_hint
@@ -181,9 +181,12 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
         result.reason = (f"the script ended after {n} optimizer steps, before any step after the "
                          f"{rank0.get('warmup_steps')} warm-up steps; let it train longer")
         return result
-    mean, std, ci = summarize(intervals)
-    df: float | None = len(intervals) - 1.0
-    stable = is_stable(intervals, min_steps=min_steps, rel_ci=rel_ci)
+    # The probe's own split (it stopped on the same figure): disturbances left out, see split_disturbed.
+    timed = split_disturbed(intervals)
+    mean, std, ci = summarize(timed.kept)
+    df: float | None = len(timed.kept) - 1.0
+    stable = is_stable(timed.kept, min_steps=min_steps, rel_ci=rel_ci)
+    left_out = {"left_out": timed.left_out, "left_out_median": timed.median if timed.left_out else None}
     estimate = rank0.get("estimate")
     if isinstance(estimate, list) and len(estimate) == 3 and all(isinstance(v, (int, float)) for v in estimate) \
             and math.isfinite(estimate[0]) and estimate[0] > 0:
@@ -194,6 +197,7 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
         df = float(df) if isinstance(df, (int, float)) and not isinstance(df, bool) and df >= 1 else None
         stable = estimate_is_stable((mean, std, ci), whole_steps=len(intervals), min_steps=min(2, min_steps),
                                     rel_ci=rel_ci)
+        left_out = _left_out_micro_steps(rank0)
     result.measurement = Measurement(
         samples_per_step=int(rank0["samples_per_step"]), step_time_mean=mean, step_time_std=std,
         step_time_ci95=ci if math.isfinite(ci) else mean, steps_measured=len(intervals),
@@ -201,7 +205,7 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
         stable=stable,
         tokens_per_sample=rank0.get("tokens_per_sample"), flops_per_step=rank0.get("flops_per_step"),
         flops_note=rank0.get("flops_note") or "", early_stop=bool(rank0.get("early_stop")),
-        **_lost_to(rank0),
+        **_lost_to(rank0), **left_out,
         timed_seconds=float(sum(intervals)))
     if budget and result.max_peak and result.max_peak > budget:
         result.state = TrialState.OOM
@@ -210,6 +214,19 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
     result.state = TrialState.OK
     result.reason = "; ".join(reasons + [r["note"] for r in present[:1] if r.get("note")])
     return result
+
+
+def _left_out_micro_steps(rank0: dict) -> dict[str, Any]:
+    """The micro-steps the probe left out of its estimate as disturbances, as Measurement fields
+    (none where the report's are not plain durations)."""
+    out, median = rank0.get("left_out"), rank0.get("left_out_median")
+    if not (isinstance(out, list) and out and all(_seconds(v) for v in out) and _seconds(median)):
+        return {"left_out": [], "left_out_median": None}
+    return {"left_out": [float(v) for v in out], "left_out_median": float(median), "left_out_unit": "micro-step"}
+
+
+def _seconds(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 def _lost_to(rank0: dict) -> dict[str, Any]:

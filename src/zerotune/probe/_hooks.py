@@ -9,8 +9,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..step_stats import (MICRO_STEPS_FROM, Figure, estimate_is_stable, is_stable, settle_verdict, step_estimate,
-                          step_estimate_df, summarize, t95_df)
+from ..step_stats import (MICRO_STEPS_FROM, Figure, Samples, estimate_is_stable, is_stable, settle_verdict,
+                          split_disturbed, step_estimate, step_estimate_df, summarize, t95_df)
 from ..store import write_json
 from ._memory import MemoryReader
 
@@ -178,6 +178,13 @@ class StepProbe:
         t = self.times
         return [t[i] - t[i - 1] for i in range(self.warmup(), len(t))]
 
+    def timed(self) -> Samples:
+        """What the step time is estimated from, with any disturbance left out (split_disturbed):
+        whole steps, or the plain micro-steps where the estimate comes from micro-steps (their
+        boundaries, one per step, are too few to judge and hold the optimizer step, which is
+        slower by design)."""
+        return split_disturbed(self.parts()[0] if self.from_micro_steps() else self.intervals())
+
     def parts(self) -> tuple[list[float], list[float]]:
         """Durations of the plain and the boundary micro-steps after warm-up."""
         warmup, seen, plain, boundary, prev = self.warmup(), 0, [], [], None
@@ -199,15 +206,14 @@ class StepProbe:
         """Mean, standard deviation and 95% half-width of the optimizer step's time: from whole
         steps at low accumulation, from its micro-steps above it (see step_estimate)."""
         if not self.from_micro_steps():
-            return summarize(self.intervals())
-        plain, boundary = self.parts()
-        return step_estimate(plain, boundary, self.accumulation())
+            return summarize(self.timed().kept)
+        return step_estimate(self.timed().kept, self.parts()[1], self.accumulation())
 
     def estimate_df(self) -> float:
         """Degrees of freedom of estimate()'s interval."""
         if not self.from_micro_steps():
-            return len(self.intervals()) - 1.0
-        return step_estimate_df(*self.parts(), self.accumulation())
+            return len(self.timed().kept) - 1.0
+        return step_estimate_df(self.timed().kept, self.parts()[1], self.accumulation())
 
     def fewest_steps(self) -> int:
         """Timed steps a measurement has before it may be called settled or end at its time cap:
@@ -220,7 +226,7 @@ class StepProbe:
 
     def _stable(self, iv: list[float]) -> bool:
         if not self.from_micro_steps():
-            return is_stable(iv, min_steps=self.fewest_steps(), rel_ci=self.spec["rel_ci"])
+            return is_stable(self.timed().kept, min_steps=self.fewest_steps(), rel_ci=self.spec["rel_ci"])
         return estimate_is_stable(self.estimate(), whole_steps=len(iv), min_steps=self.fewest_steps(),
                                   rel_ci=self.spec["rel_ci"])
 
@@ -319,6 +325,10 @@ class StepProbe:
             "estimate": list(self.estimate()) if self.intervals() and self.from_micro_steps() else None,
             "estimate_df": self.estimate_df() if self.intervals() and self.from_micro_steps() else None,
             "micro_steps": dict(zip(("plain", "boundary"), map(len, self.parts()))),
+            # Left out of the estimate as disturbances (split_disturbed): micro-steps' durations where
+            # the estimate comes from them (whole steps are split again from "intervals").
+            "left_out": self.timed().left_out if self.intervals() and self.from_micro_steps() else [],
+            "left_out_median": self.timed().median if self.intervals() and self.from_micro_steps() else None,
             "samples_per_step": samples_per_step, "tokens_per_sample": self.tokens_per_sample,
             "observed_batch": self.observed_batch, "note": self.batch_note,
             "fwd_flops": self.fwd_flops, "flops_per_step": None if self.fwd_flops is None or engine is None
