@@ -70,3 +70,7 @@ def test_a_step_left_out_as_a_disturbance_is_named_in_the_summary(tuner_factory)
         assert "its figure is of the other steps" in lines[0]
     stored = json.loads((tuner.results_dir / "results.json").read_text())
     assert next(t for t in stored["trials"] if t["name"] == name)["measurement"]["left_out"] == [2.73]
+    from zerotune.report_html import write_report
+
+    page = write_report(tuner.results_dir).read_text()
+    assert f"<li>left out: {name}: 1 step (2.73 s; their median " in page

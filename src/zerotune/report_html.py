@@ -104,7 +104,8 @@ def write_report(results_dir: str | Path) -> Path:
               t.start + (f"; then retired: {t.retired}" if t.retired else ""), result.why_lost(t)]
              for t in result.trials],
             [t.state.value for t in result.trials]),
-        "<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in result.notes) + "</ul>",
+        "<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>"
+                                       for n in result.notes + result.left_out_lines()) + "</ul>",
         "</body></html>",
     ]
     page = root / "report.html"
