@@ -1,9 +1,10 @@
 """A confirmed choice: before the final pick, the configurations within noise of the best (at
-most 3) are measured again, interleaved (A B C, and A B C again unless the first round settled
-it) in the same warm processes, and the choice is made on those figures. Interleaving puts the
+most 3) are measured again, interleaved (A B C, and C B A unless the first round settled it)
+in the same warm processes, and the choice is made on those figures. Interleaving puts the
 machine's drift (other load, thermal, a noisy neighbour) on every candidate alike, which
-separate trials minutes apart cannot. In the first round, each measures on past its window
-while its own steps can settle its comparison with the one leading (see settle_target).
+separate trials minutes apart cannot, and the second round's reversed order cancels a steady
+drift across the rounds. In the first round, each measures on past its window while its own
+steps can settle its comparison with the one leading (see settle_target).
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._errors import ZerotuneError
-from .ranking import MAXIMIZE, TIE_MARGIN, Choice, choose_best, clearly_worse, figure_of, fmt_metric, most_faster
+from .ranking import (MAXIMIZE, TIE_MARGIN, Choice, choose_best, clearly_worse, figure_of, fmt_metric, most_faster,
+                      within_noise)
 from .record import read_session
 from .step_stats import t95_df, welch_df
 from .trial import Measurement, TrialResult, TrialState
@@ -136,7 +138,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
     group, first = _first_in(group, trial_first(tuner, record, group))
     out, by_name = _start(group, first)
     for round_ in range(1, ROUNDS + 1):
-        for r in group:
+        for r in (group if round_ == 1 else group[::-1]):
             if round_ == 1 and r.name == first:
                 continue
             job = tuner.make_confirm_job(record, r.spec, round_, CONFIRM_SECONDS)
@@ -148,7 +150,8 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
             by_name[r.name].append(result)
             against = f", its comparison with {leader.best.name} to settle" if job.settle else ""
             record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {ROUNDS}{against}")
-        if round_ < ROUNDS and settled(_confirmed(by_name, group), metric):
+        if round_ < ROUNDS and settled(_confirmed(by_name, group), metric) \
+                and not drifted(by_name, group, first, metric):
             break
     return _decide(out, by_name, group, choice, metric, reused=False)
 
@@ -219,14 +222,14 @@ def _reusable(earlier: Confirmation, group: list[TrialResult], first: str | None
     names = [r.name for r in group]
     first_round = names[1:] if first is not None else names  # see _first_round
     got = [r.name for r in earlier.runs]
-    if got == first_round + names:
+    if got == first_round + names[::-1]:
         return True
     if got != first_round:
         return False
     by_name = {n: [r for r in earlier.runs if r.name == n] for n in names}
     if first is not None:
         by_name[first].insert(0, group[0])
-    return settled(_confirmed(by_name, group), metric)
+    return settled(_confirmed(by_name, group), metric) and not drifted(by_name, group, first, metric)
 
 
 def settled(confirmed: list[TrialResult], metric: str) -> bool:
@@ -242,6 +245,23 @@ def settled(confirmed: list[TrialResult], metric: str) -> bool:
     best = pick.best
     return all(c is best or clearly_worse(metric, c, best) or most_faster(c, best, metric) <= TIE_MARGIN
                for c in confirmed)
+
+
+def drifted(by_name: dict[str, list[TrialResult]], group: list[TrialResult], first: str | None,
+            metric: str) -> list[str]:
+    """The candidates whose first re-measurement disagrees with their own trial beyond noise: the
+    machine's speed moved between the two (on a shared machine one config read 36.0 samples/s in
+    its trial and 31.1 a minute later). Then one round's verdict rests on that speed holding from
+    one candidate's window to the next, which the evidence says it may not: a second round, in
+    reversed order, measures every candidate again. (One round had picked a config that four
+    alternating rounds then measured 4% slower: its re-measurement read 7% above its trial.)"""
+    out = []
+    for trial in group:
+        runs = by_name[trial.name]
+        again = runs[1:] if trial.name == first else runs
+        if again and again[0].state is TrialState.OK and not within_noise(metric, trial, again[0]):
+            out.append(trial.name)
+    return out
 
 
 def _confirmed(by_name: dict[str, list[TrialResult]], group: list[TrialResult]) -> list[TrialResult]:
@@ -265,13 +285,16 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
     figures = ", ".join(f"{name} {fmt_metric(metric, c)}" for name, c in out.confirmed.items())
     failed = [n for n in out.candidates if n not in out.confirmed]
     rounds = 1 if len(out.runs) <= _first_round(out) else ROUNDS
-    order = " ".join("ABC"[:len(group)] * rounds)
+    order = " ".join("ABC"[:len(group)] + "CBA"[3 - len(group):] * (rounds > 1))
     if out.from_trial is not None:
         order += "; A's first figure is its trial, which ran just before B in the same processes"
     verdict = pick.note or f"chose {out.best}; the others are slower beyond noise"
     if pick.ties and rounds == 1:
         verdict += (f"; after one round none can be more than {TIE_MARGIN:.0%} faster than {out.best}, "
                     "so no second round")
+    if rounds > 1 and (moved := drifted(by_name, group, out.from_trial, metric)):
+        verdict += (f"; {', '.join(moved)} measured again differed from {'its trial' if len(moved) == 1 else 'their trials'} "
+                    "beyond noise (the machine's speed moved between them), so one round could not settle it")
     if out.best != choice.best.name:
         verdict += f" (the trials alone had chosen {choice.best.name})"
     out.note = (f"confirmed: measured {len(group)} configurations within noise of each other again, interleaved "
