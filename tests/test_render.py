@@ -49,6 +49,20 @@ def test_the_summary_fits_80_columns_and_names_the_environment(tmp_path, script,
     assert load_results(tmp_path / "r").env == result.env
 
 
+def test_cpu_trials_fix_the_allocator_where_the_user_did_not(monkeypatch):
+    import sys
+
+    from zerotune.launch import CPU_MALLOC, trial_env
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")  # the user's own: kept
+    env = trial_env(2, "cpu")
+    if sys.platform.startswith("linux"):
+        assert env["MALLOC_MMAP_THRESHOLD_"] == CPU_MALLOC["MALLOC_MMAP_THRESHOLD_"] == str(32 * 1024**2)
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "0"
+    assert "MALLOC_MMAP_THRESHOLD_" not in trial_env(2, "cuda")  # the GPU's allocator is torch's own
+
+
 def test_no_environment_line_on_gpu(tuner_factory):
     result = tuner_factory(memory="6GiB").tune()
     assert result.env == {} and result.env_line() is None

@@ -110,7 +110,7 @@ def many_trials_folder(root, n=2000):
     from zerotune.record import Identity, TuningRecord
     from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
 
-    ident = Identity(code="c", args=[], topology={}, measure={}, failure={})
+    ident = Identity(code="c", args=[], topology={}, measure={}, env={}, failure={})
     record = TuningRecord(root, identity=ident, session={"metric": "throughput", "num_gpus": 2, "budget": 8 * 1024**3})
     for i in range(n):
         spec = TrialSpec(stage=i % 3 + 1, micro_batch=2 ** (i % 5),

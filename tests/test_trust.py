@@ -110,6 +110,28 @@ def test_overwrite_over_a_symlinked_trial_folder(tuner_factory, tmp_path):
 
 
 # 2. Resume reuses a trial only when what it measured is unchanged.
+def test_another_trial_environment_reruns_every_trial(tmp_path, script, make_config, monkeypatch):
+    # On CPU the threads per process and glibc's allocator thresholds set what a trial measures.
+    from fakes import FakeLauncher
+    from zerotune import Autotuner
+    from zerotune.hardware import Node
+
+    def tune():
+        tuner = Autotuner([str(script), "--deepspeed_config", str(make_config())], num_gpus=2,
+                          memory_per_device="6GiB", launcher=FakeLauncher(), node=Node("cpu", 0, 0, 64 * 1024**3),
+                          results_dir=tmp_path / "r")
+        tuner.tune()
+        return tuner
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    first = tune()
+    assert tune().launcher.jobs == []  # unchanged: every trial reused
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    second = tune()
+    assert len(second.launcher.jobs) == len(first.launcher.jobs)
+    assert any("because the environment the trials run with changed" in n for n in second.result.notes)
+
+
 def test_editing_the_script_reruns_every_trial(tuner_factory, script):
     first = tuner_factory(memory="6GiB")
     first.tune()

@@ -12,10 +12,12 @@ from pathlib import Path
 
 from ._errors import ConfigError
 from .config import MAX_PROCESSES
-from .launch import Launcher, LocalLauncher, Slot, plan_slots
+from .launch import CPU_MALLOC, Launcher, LocalLauncher, Slot, plan_slots
 from .launch._hosts import Host, read_hostfile, select_hosts
 
 MAX_NODES = 4096
+RUN_ENV = ("DS_ACCELERATOR", "OMP_NUM_THREADS", *CPU_MALLOC)
+"""The variables of a CPU trial's environment its figures depend on (see Cluster.run_env)."""
 
 
 def check_counts(num_gpus: int | None, num_nodes: int | None) -> None:
@@ -94,14 +96,14 @@ class Cluster:
 
     def run_env(self) -> dict[str, str]:
         """What the trials' environment sets that their figures depend on: on CPU, DeepSpeed's
-        CPU accelerator and the threads per process (one job ran at full speed with them and
-        several times slower without)."""
+        CPU accelerator, the threads per process (one job ran at full speed with them and
+        several times slower without) and glibc's allocator thresholds (see CPU_MALLOC)."""
         if self.device != "cpu":
             return {}
         from .launch import trial_env
 
         env = trial_env(self.num_gpus, self.device)
-        return {k: env[k] for k in ("DS_ACCELERATOR", "OMP_NUM_THREADS") if k in env}
+        return {k: env[k] for k in RUN_ENV if k in env}
 
     def env_words(self) -> list[str]:
         """VAR=value words the final command needs: :meth:`run_env`, as the trials ran."""

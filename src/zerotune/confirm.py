@@ -257,8 +257,9 @@ def drifted(by_name: dict[str, list[TrialResult]], group: list[TrialResult], fir
     alternating rounds then measured 4% slower: its re-measurement read 7% above its trial.)"""
     out = []
     for trial in group:
-        runs = by_name[trial.name]
-        again = runs[1:] if trial.name == first else runs
+        if trial.name == first:
+            continue  # its trial is its first-round figure: the round holds nothing to compare it with
+        again = by_name[trial.name]
         if again and again[0].state is TrialState.OK and not within_noise(metric, trial, again[0]):
             out.append(trial.name)
     return out
@@ -293,8 +294,9 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
         verdict += (f"; after one round none can be more than {TIE_MARGIN:.0%} faster than {out.best}, "
                     "so no second round")
     if rounds > 1 and (moved := drifted(by_name, group, out.from_trial, metric)):
-        verdict += (f"; {', '.join(moved)} measured again differed from {'its trial' if len(moved) == 1 else 'their trials'} "
-                    "beyond noise (the machine's speed moved between them), so one round could not settle it")
+        whose = "its trial" if len(moved) == 1 else "their trials"
+        verdict += (f"; {', '.join(moved)} measured again differed from {whose} beyond noise (the machine's "
+                    "speed moved between them), so one round could not settle it")
     if out.best != choice.best.name:
         verdict += f" (the trials alone had chosen {choice.best.name})"
     out.note = (f"confirmed: measured {len(group)} configurations within noise of each other again, interleaved "

@@ -24,7 +24,8 @@ from .trial import TrialResult, TrialSpec, TrialState
 
 IDENTITY_PARTS = {"code": "the script changed", "args": "the script's arguments changed",
                   "config": "its ds_config changed", "topology": "the processes, nodes or devices changed",
-                  "measure": "the measurement settings changed"}
+                  "measure": "the measurement settings changed",
+                  "env": "the environment the trials run with changed (threads, accelerator, allocator)"}
 """Parts of a trial's identity, and what a rerun says when one differs."""
 FAILED = (TrialState.CRASHED, TrialState.TIMEOUT, TrialState.OOM)
 
@@ -50,12 +51,15 @@ class Identity:
     args: list[str]
     topology: dict[str, Any]
     measure: dict[str, Any]
+    env: dict[str, str]
+    """What the trials' environment sets that their figures depend on (Cluster.run_env)."""
     failure: dict[str, Any]
     """Settings under which a trial can fail without its configuration being at fault."""
 
     def of(self, config: dict[str, Any]) -> dict[str, str]:
         return {"code": self.code, "args": fingerprint(self.args), "config": fingerprint(config),
-                "topology": fingerprint(self.topology), "measure": fingerprint(self.measure)}
+                "topology": fingerprint(self.topology), "measure": fingerprint(self.measure),
+                "env": fingerprint(self.env)}
 
 
 class TuningRecord:

@@ -97,7 +97,8 @@ class TuningResult:
         step_stats.split_disturbed): a trial's, and its re-measurements' where the confirmation
         measured it again. Said, because the figure is then of the other steps."""
         lines = []
-        for label, t in [(t.name, t) for t in self.trials] + [(f"{n} re-measured", c) for n, c in self.confirmed.items()]:
+        measured = [(t.name, t) for t in self.trials] + [(f"{n} re-measured", c) for n, c in self.confirmed.items()]
+        for label, t in measured:
             m = t.measurement
             if m is None or not m.left_out:
                 continue

@@ -174,7 +174,7 @@ class Autotuner:
         its identity (plus its own ds_config) is the same."""
         at = self.request.autotuning
         code, args = self.target.identity()
-        return Identity(code=code, args=args, topology=self.cluster.topology(),
+        return Identity(code=code, args=args, topology=self.cluster.topology(), env=self.cluster.run_env(),
                         measure={"precision": self.measure.precision, "max_seconds": self.measure.max_seconds,
                                  "start_profile_step": at.start_profile_step, "end_profile_step": at.end_profile_step,
                                  "warmup": "adaptive" if self.adaptive_warmup else "fixed"},

@@ -40,13 +40,30 @@ def remove_shm_buffers(port: int, addr: str = "127.0.0.1", shm_dir: Path = SHM_D
     return removed
 
 
+CPU_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+"""glibc's allocator settings for CPU trials: where its dynamic rule ends up. glibc serves an
+allocation above its mmap threshold with a mapping of its own, and each such free raises the
+threshold (up to 32 MiB, the trim threshold to twice it), so a process's allocator depends on
+what it ran before: warm processes, after larger configs, served a small config's tensors from
+the heap, and measured it 2-7% faster than a fresh process did, enough to pick it over a config
+that fresh processes (and so the training) ran 3-5% faster. Fixed there, every trial, warm or
+cold, and the final command (cmd_optimal.txt sets them) follow one rule: the same micro-batch 8
+config measured in fresh processes ran 2-4% faster with them than without, in each of three
+alternating rounds. (A low fixed threshold, 128 KiB, cost 10-25%: every large tensor a new
+mapping.) Set only where unset, and only on Linux (glibc reads them; others ignore them)."""
+
+
 def trial_env(num_gpus: int, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a trial's processes. On CPU: DeepSpeed's CPU accelerator and one share
-    of the cores per process, so that ranks do not fight over threads."""
+    """The environment of a trial's processes. On CPU: DeepSpeed's CPU accelerator, one share
+    of the cores per process, so that ranks do not fight over threads, and glibc's allocator
+    fixed where its dynamic thresholds end (CPU_MALLOC)."""
     env = dict(os.environ)
     if device == "cpu":
         env.setdefault("DS_ACCELERATOR", "cpu")
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // num_gpus)))
+        if sys.platform.startswith("linux"):
+            for key, value in CPU_MALLOC.items():
+                env.setdefault(key, value)
     env.update(extra or {})
     return env
 
