@@ -12,12 +12,10 @@ from pathlib import Path
 
 from ._errors import ConfigError
 from .config import MAX_PROCESSES
-from .launch import CPU_MALLOC, Launcher, LocalLauncher, Slot, plan_slots
+from .launch import FIGURE_ENV, Launcher, LocalLauncher, Slot, plan_slots
 from .launch._hosts import Host, read_hostfile, select_hosts
 
 MAX_NODES = 4096
-RUN_ENV = ("DS_ACCELERATOR", "OMP_NUM_THREADS", *CPU_MALLOC)
-"""The variables of a CPU trial's environment its figures depend on (see Cluster.run_env)."""
 
 
 def check_counts(num_gpus: int | None, num_nodes: int | None) -> None:
@@ -103,7 +101,7 @@ class Cluster:
         from .launch import trial_env
 
         env = trial_env(self.num_gpus, self.device)
-        return {k: env[k] for k in RUN_ENV if k in env}
+        return {k: env[k] for k in FIGURE_ENV if k in env}
 
     def env_words(self) -> list[str]:
         """VAR=value words the final command needs: :meth:`run_env`, as the trials ran."""

@@ -141,7 +141,7 @@ def _measurement_damage(m: dict[str, Any]) -> str:
     if not all(isinstance(m.get(k, ""), str) for k in ("flops_note", "lost_to_metric")):
         return "measurement's notes are not text"
     left_out = m.get("left_out", [])
-    if not (isinstance(left_out, list) and len(left_out) <= max(0, steps) * 1024
+    if not (isinstance(left_out, list)
             and all(_number(v, positive=True) and v <= MAX_STEP_SECONDS for v in left_out)
             and (m.get("left_out_median") is None or _number(m.get("left_out_median"), positive=True))
             and m.get("left_out_unit", "step") in ("step", "micro-step")):

@@ -220,12 +220,13 @@ def _left_out_micro_steps(rank0: dict) -> dict[str, Any]:
     """The micro-steps the probe left out of its estimate as disturbances, as Measurement fields
     (none where the report's are not plain durations)."""
     out, median = rank0.get("left_out"), rank0.get("left_out_median")
-    if not (isinstance(out, list) and out and all(_seconds(v) for v in out) and _seconds(median)):
+    if not (isinstance(out, list) and out and all(_positive(v) for v in out) and _positive(median)):
         return {"left_out": [], "left_out_median": None}
     return {"left_out": [float(v) for v in out], "left_out_median": float(median), "left_out_unit": "micro-step"}
 
 
-def _seconds(v: Any) -> bool:
+def _positive(v: Any) -> bool:
+    """A positive, finite number (not a bool), as a rank's report should hold."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
@@ -235,7 +236,6 @@ def _lost_to(rank0: dict) -> dict[str, Any]:
     if not rank0.get("early_stop") or not isinstance(lost, dict):
         return {}
     value, metric = lost.get("value"), lost.get("metric")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0 \
-            or metric not in ("throughput", "latency"):
+    if not _positive(value) or metric not in ("throughput", "latency"):
         return {}
     return {"lost_to": float(value), "lost_to_metric": metric}

@@ -21,7 +21,7 @@ from ..trial import TrialResult
 from ._base import TrialJob
 from ._hosts import Host
 from ._orphans import TUNER_PID
-from ._process import CPU_MALLOC, ProcessGroup, free_port, remove_shm_buffers, trial_env
+from ._process import FIGURE_ENV, ProcessGroup, free_port, remove_shm_buffers, trial_env
 from ._supervise import SupervisingLauncher
 
 RUNNER_TOOLS = {"pdsh": "pdsh", "openmpi": "mpirun", "mpich": "mpirun", "mvapich": "mpirun", "slurm": "srun",
@@ -29,7 +29,7 @@ RUNNER_TOOLS = {"pdsh": "pdsh", "openmpi": "mpirun", "mpich": "mpirun", "mvapich
 """DeepSpeed runner launchers and the program each needs on this machine."""
 LAUNCHERS = ("torchrun", *RUNNER_TOOLS)
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
-FORWARDED = ("DS_ACCELERATOR", "OMP_NUM_THREADS", *CPU_MALLOC, "PYTHONPATH", "ZEROTUNE_PROBE", TUNER_PID)
+FORWARDED = (*FIGURE_ENV, "PYTHONPATH", "ZEROTUNE_PROBE", TUNER_PID)
 
 
 class MultiNodeLauncher(SupervisingLauncher):

@@ -53,6 +53,11 @@ alternating rounds. (A low fixed threshold, 128 KiB, cost 10-25%: every large te
 mapping.) Set only where unset, and only on Linux (glibc reads them; others ignore them)."""
 
 
+FIGURE_ENV = ("DS_ACCELERATOR", "OMP_NUM_THREADS", *CPU_MALLOC)
+"""The variables of a CPU trial's environment its figures depend on: named beside the choice,
+set by the final command, part of a trial's identity, forwarded to other nodes."""
+
+
 def trial_env(num_gpus: int, device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a trial's processes. On CPU: DeepSpeed's CPU accelerator, one share
     of the cores per process, so that ranks do not fight over threads, and glibc's allocator
