@@ -30,6 +30,10 @@ class FakeMachine:
     """Wall time each trial and re-measurement reports."""
     left_out: dict[str, list[float]] = field(default_factory=dict)
     """Per trial name, step times its measurement left out as disturbances."""
+    stops_early: bool = False
+    """Trials stop after two timed steps where those show them unable to beat the job's to_beat
+    (as the probe decides, see step_stats.slower_beyond); their 95% interval is then that of
+    two steps at rel_ci's spread."""
     reduce_bucket_bytes: int = 0
     """Extra peak bytes per element of zero_optimization.reduce_bucket_size, up to the model's size
     (a bucket holds at most every gradient), as zerotune's memory model counts it."""
@@ -88,10 +92,30 @@ class FakeLauncher(Launcher):
                            left_out_median=step if spec.name in m.left_out else None)
         if job.settle:
             meas = measured_until_settled(meas, job.settle)
+        elif m.stops_early and job.to_beat:
+            meas = stopped_early(meas, job.to_beat)
         return TrialResult(state=TrialState.OK, measurement=meas, **base)
 
     def close(self) -> None:
         self.closed = True
+
+
+def stopped_early(meas: Measurement, to_beat: dict) -> Measurement:
+    """``meas`` as the probe ends it after two timed steps, where those show it cannot beat
+    ``to_beat`` (a throughput); unchanged where they do not."""
+    from dataclasses import replace
+
+    from zerotune.step_stats import slower_beyond, t95_df
+
+    per_sample, rel = meas.step_time_mean / meas.samples_per_step, meas.step_time_ci95 / meas.step_time_mean
+    se = per_sample * rel * math.sqrt(meas.steps_measured / 2) / t95_df(meas.steps_measured - 1)
+    lead = 1 / to_beat["value"]
+    lead_df = math.inf if to_beat.get("df") is None else to_beat["df"]
+    if not slower_beyond((per_sample, se, 1.0), (lead, lead * to_beat.get("rel_se", 0.0), lead_df)):
+        return meas
+    ci = se * t95_df(1) * meas.samples_per_step
+    return replace(meas, steps_measured=2, stable=False, step_time_ci95=ci, step_time_std=ci / t95_df(1) * math.sqrt(2),
+                   step_time_df=1.0, early_stop=True, lost_to=to_beat["value"], lost_to_metric=to_beat["metric"])
 
 
 def measured_until_settled(meas: Measurement, settle: dict, cap: int = 40) -> Measurement:

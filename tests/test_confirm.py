@@ -5,6 +5,7 @@ from dataclasses import replace
 from fakes import FakeLauncher, FakeMachine
 from zerotune import load_results
 from zerotune.confirm import combined
+from zerotune.ranking import within_noise
 from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
 
 
@@ -135,6 +136,22 @@ def test_a_clear_winner_is_not_measured_again(tuner_factory):
     result = tuner.tune()
     assert not any(j.trial_dir.name.startswith("confirm") for j in tuner.launcher.jobs)
     assert result.cost.remeasured == 0 and not any(n.startswith("confirmed") for n in result.notes)
+
+
+def test_a_trial_stopped_early_is_not_measured_again(tuner_factory):
+    # Stage 2 reads 10% behind stage 1 in two steps: within the two-sided noise of its wide
+    # interval, but shown (one-sided, two-sample) unable to beat it, so not tied with it.
+    tuner = tuner_factory(machine=FakeMachine(speed={1: 1.0, 2: 0.9}, rel_ci=0.01, stops_early=True),
+                          config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
+    result = tuner.tune()
+    stopped = next(t for t in result.trials if t.spec.stage == 2)
+    assert stopped.measurement.early_stop and stopped.measurement.steps_measured == 2
+    leader = next(t for t in result.trials if t.spec.stage == 1)
+    to_beat = next(j for j in tuner.launcher.jobs if j.spec == stopped.spec).to_beat
+    rel_se = leader.measurement.standard_error[0] / leader.measurement.step_time_mean
+    assert to_beat == {"metric": "throughput", "value": leader.metric("throughput"), "rel_se": rel_se, "df": 9.0}
+    assert within_noise("throughput", stopped, leader)  # two-sided, its two steps leave it open
+    assert not confirms_of(tuner) and result.best.spec.stage == 1
 
 
 def test_a_failed_re_measurement_drops_that_candidate(tuner_factory):

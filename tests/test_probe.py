@@ -1,5 +1,6 @@
 """The in-process probe with fakes: GPU memory readings, OOM classification, stop decisions."""
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -171,6 +172,32 @@ def test_early_stop_needs_the_one_sided_bound_to_lose(probe_factory, tmp_path):
             drive(probe, FakeEngine(), 100)
         out = json.loads((tmp_path / "rank0.json").read_text())
         assert out["early_stop"] and len(out["intervals"]) == steps, (to_beat, out["intervals"])
+
+
+def test_an_early_stop_counts_the_leader_s_own_noise(probe_factory, tmp_path):
+    # The steps above lose to an exact 11/s at two steps. Against 11/s measured with a 20%
+    # relative standard error on two degrees of freedom, the leader itself may be near 8/s: the
+    # two-sample bound (Welch) never shows them slower, so the trial measures to its end.
+    times = [0.0, 0.0, 1.0, 2.0, 3.1] + [4.1 + i for i in range(40)]
+    probe = probe_factory(times, rel_ci=0.001, max_steps=12,
+                          to_beat={"metric": "throughput", "value": 11.0, "rel_se": 0.2, "df": 2.0})
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), 100)
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert not out["early_stop"] and len(out["intervals"]) == 12
+
+
+def test_slower_beyond_is_the_one_sample_bound_against_an_exact_figure():
+    from zerotune.step_stats import slower_beyond, t95_df
+
+    t1 = t95_df(1, one_sided=True)
+    assert slower_beyond((1.0, 0.01, 1.0), (1.0 - t1 * 0.01 - 1e-9, 0.0, math.inf))
+    assert not slower_beyond((1.0, 0.01, 1.0), (1.0 - t1 * 0.01 + 1e-9, 0.0, math.inf))
+    # The leader's error widens the bound (Welch's degrees of freedom pool both: 8 here, t = 1.86,
+    # so 1 - 1.86 * 0.0141 = 0.974 is below 0.975, where exactly 0.975 is below 1 - 2.13 * 0.01).
+    assert slower_beyond((1.0, 0.01, 4.0), (0.975, 0.0, math.inf))
+    assert not slower_beyond((1.0, 0.01, 4.0), (0.975, 0.01, 4.0))
+    assert not slower_beyond((1.0, math.inf, 1.0), (0.1, 0.0, math.inf))
 
 
 def test_no_early_stop_for_a_contender(probe_factory, tmp_path):

@@ -6,11 +6,12 @@ random, model-based) keeps every slot busy; the micro-batch search asks one at a
 """
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
-from .ranking import choose_best, fmt_metric
+from .ranking import choose_best, figure_of, fmt_metric
 from .search import EarlyStopping, Searcher, Suggestion
 from .throughput import Prediction, ThroughputModel
 from .trial import TrialResult, TrialState
@@ -123,8 +124,11 @@ class PhaseRun:
         job = tuner.make_job(record, spec, cfg)
         self._predictions[spec.name] = prediction
         best = choose_best(self.trials, at.metric)
-        if best is not None and at.metric in ("throughput", "latency"):
-            job.to_beat = {"metric": at.metric, "value": best.best.metric(at.metric)}
+        lead = figure_of(best.best, at.metric) if best is not None else None
+        if lead is not None and at.metric in ("throughput", "latency") and math.isfinite(lead.rel_se):
+            # A leader without an interval (one timed step) cannot show anything slower.
+            job.to_beat = {"metric": at.metric, "value": lead.value, "rel_se": lead.rel_se,
+                           "df": lead.df if math.isfinite(lead.df) else None}
         record.launched += 1
         return job
 

@@ -224,3 +224,17 @@ def settle_verdict(mine: Figure, settle: dict, *, more: float) -> str:
     if pair_settled(mine, other, **kw):
         return "settled"
     return "open" if more >= 1 and pair_settled(measured_on(mine, more), other, **kw) else "out of reach"
+
+
+def slower_beyond(mine: tuple[float, float, float], than: tuple[float, float, float]) -> bool:
+    """Whether a time (per step or per sample) estimated as ``mine`` is longer than ``than`` even
+    at the optimistic end of a one-sided 95% bound on their difference. Each is (mean, standard
+    error, degrees of freedom; inf: known exactly), and the bound is Welch's: the leader a trial
+    is stopped against was itself measured on a few noisy steps, and taking its figure as exact
+    would stop a contender that only its noise put behind. Against an exact figure this is the
+    one-sample bound: mean minus t times its standard error."""
+    (a, se_a, df_a), (b, se_b, df_b) = mine, than
+    if not (math.isfinite(se_a) and math.isfinite(se_b)):
+        return False
+    t = t95_df(welch_df([(se_a * se_a, df_a + 1), (se_b * se_b, df_b + 1)]), one_sided=True)
+    return math.isfinite(t) and a - t * math.hypot(se_a, se_b) > b

@@ -32,8 +32,9 @@ class TrialJob:
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     """Precision, measuring time, the trial and stall timeouts."""
     to_beat: dict[str, Any] | None = None
-    """{"metric": "throughput"|"latency", "value": v}: the trial may stop measuring as soon as
-    it clearly cannot beat v (the best so far)."""
+    """{"metric": "throughput"|"latency", "value": v, "rel_se": r, "df": d}: the trial may stop
+    measuring as soon as it clearly cannot beat v, the best trial's figure so far, measured with
+    relative standard error r on d degrees of freedom (None: exact)."""
     settle: dict[str, Any] | None = None
     """A re-measurement's comparison to answer (see confirm.settle_target): it measures on past
     its window until the choice between it and the candidate leading so far is settled, while

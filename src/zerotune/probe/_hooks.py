@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..step_stats import (MICRO_STEPS_FROM, Figure, Samples, estimate_is_stable, is_stable, settle_verdict,
-                          split_disturbed, step_estimate, step_estimate_df, summarize, t95_df)
+                          slower_beyond, split_disturbed, step_estimate, step_estimate_df, summarize, t95_df)
 from ..store import write_json
 from ._memory import MemoryReader
 
@@ -264,23 +264,23 @@ class StepProbe:
         return settle_verdict(Figure(value, value * ci / mean, ci / t / mean, df), target, more=max(0.0, more))
 
     def _cannot_win(self, iv: list[float]) -> bool:
-        """Even the optimistic end of a one-sided 95% interval loses to the best trial so far:
-        more steps would only make a losing estimate more precise. One-sided, because the only
-        question is whether it can be faster; so two timed steps can already answer it."""
+        """Even the optimistic end of a one-sided 95% bound loses to the best trial so far (its
+        figure with its own standard error, see slower_beyond): more steps would only make a
+        losing estimate more precise. One-sided, because the only question is whether it can be
+        faster; so two timed steps can already answer it."""
         target = self.spec.get("to_beat")
-        if not target or len(iv) < 2 or self.engine is None:
+        if not target or len(iv) < 2 or self.engine is None or target["metric"] not in ("throughput", "latency"):
             return False
         mean, _, ci = self.estimate()
-        df = self.estimate_df()
-        two, one = t95_df(df), t95_df(df, one_sided=True)
-        if not (math.isfinite(ci) and math.isfinite(two)):
+        two = t95_df(self.estimate_df())
+        if not (math.isfinite(ci) and math.isfinite(two) and mean > 0 and target["value"] > 0):
             return False
-        fastest = mean - ci * one / two
-        if target["metric"] == "throughput":
-            return fastest > 0 and self.engine.train_batch_size() / fastest < target["value"]
-        if target["metric"] == "latency":
-            return fastest > target["value"]
-        return False
+        # Compared as times: per sample for throughput (its reciprocal), per step for latency.
+        per = self.engine.train_batch_size() if target["metric"] == "throughput" else 1
+        lead = 1 / target["value"] if target["metric"] == "throughput" else target["value"]
+        lead_df = target.get("df")
+        return slower_beyond((mean / per, ci / two / per, self.estimate_df()),
+                             (lead, lead * (target.get("rel_se") or 0.0), math.inf if lead_df is None else lead_df))
 
     def _over_budget(self) -> bool:
         budget = self.spec.get("budget")
