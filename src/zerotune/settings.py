@@ -14,11 +14,14 @@ class MeasureSettings:
 
     precision: float = 0.03
     """Stop measuring once the 95% interval of the mean step time is within this fraction of it."""
-    max_seconds: float = 15.0
+    max_seconds: float = 10.0
     """Measure at most this long (then the trial is marked capped, its interval as measured),
     once it has the fewest timed steps a trial may settle on (end_profile_step -
     start_profile_step, at least 3; two where the step is estimated from micro-steps): a slow
-    job's trials take those steps however long they are."""
+    job's trials take those steps however long they are. Longer buys a separate trial little:
+    one config's trials minutes apart read 4-7% apart on a shared machine, beyond a 3%
+    interval, and the confirmation settles close ones interleaved, which no window can (a
+    15 s cap let the bundled example's first trial take 9 noisy steps to ±4.4%; its first 6 gave ±4.1%)."""
     trial_timeout: float = 600.0
     """End a trial after this many seconds in all (start-up included) and record it as timeout."""
     stall_timeout: float = 120.0
