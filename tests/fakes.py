@@ -19,6 +19,8 @@ class FakeMachine:
     per_sample: int = 100 * MIB
     speed: dict[int, float] = field(default_factory=lambda: {0: 1.0, 1: 1.1, 2: 1.05, 3: 0.8})
     rel_ci: float = 0.01
+    rel_ci_of: dict[int, float] = field(default_factory=dict)
+    """Per stage, a relative interval that stage's measurements have instead of rel_ci."""
     crash: set[str] = field(default_factory=set)
     """Trial names that crash."""
     offload_keeps: float = 0.25
@@ -86,8 +88,9 @@ class FakeLauncher(Launcher):
             return TrialResult(state=TrialState.OOM, reason="CUDA out of memory", **base)
         samples = spec.micro_batch * spec.grad_accum * (job.num_gpus)
         step = samples / m.throughput(spec)
-        meas = Measurement(samples_per_step=samples, step_time_mean=step, step_time_std=step * m.rel_ci,
-                           step_time_ci95=step * m.rel_ci, steps_measured=10, stable=True,
+        rel_ci = m.rel_ci_of.get(spec.stage, m.rel_ci)
+        meas = Measurement(samples_per_step=samples, step_time_mean=step, step_time_std=step * rel_ci,
+                           step_time_ci95=step * rel_ci, steps_measured=10, stable=True,
                            left_out=m.left_out.get(spec.name, []),
                            left_out_median=step if spec.name in m.left_out else None)
         if job.settle:

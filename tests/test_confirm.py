@@ -392,3 +392,64 @@ def test_the_probe_s_pair_rule_is_the_confirmation_s_for_two_candidates():
             assert pair == settled([a, b], metric), (i, metric, a.measurement, b.measurement)
             agree += pair
     assert 500 < agree < 5500  # both answers occur, often
+
+
+def three_candidates(tuner_factory, again):
+    """Stages 0-2 tied in their trials (5% intervals); ``again`` measures them again."""
+    launcher = DriftingLauncher(FakeMachine(speed={0: 0.97, 1: 1.02, 2: 1.0}, rel_ci=0.05), again)
+    tuner = tuner_factory(launcher=launcher, config={"zero_optimization": {"stage": [0, 1, 2]},
+                                                     "train_micro_batch_size_per_gpu": 8})
+    result = tuner.tune()
+    note = next(n for n in result.notes if n.startswith("confirmed:"))
+    return [(j.spec.stage, j.trial_dir.name) for j in confirms_of(tuner)], note, result, tuner
+
+
+def test_a_second_round_leaves_out_a_candidate_the_first_showed_slower(tuner_factory):
+    # Stages 1 and 2 still tied within wide intervals after one round; stage 0 measured again 7%
+    # below its trial, tightly, and 12% below stage 1: even its trial's figure cannot be more
+    # than 3% faster than stage 1, so its drift cannot have made the verdict, and the second
+    # round measures the two in question only (B A, not C B A).
+    again = FakeMachine(speed={0: 0.9, 1: 1.02, 2: 1.0}, rel_ci=0.06, rel_ci_of={0: 0.01})
+    runs, note, result, tuner = three_candidates(tuner_factory, again)
+    assert runs == [(1, "confirm1"), (2, "confirm1"), (0, "confirm1"), (2, "confirm2"), (1, "confirm2")]
+    assert "(A B C B A)" in note and "differed from" not in note
+    assert "z0_mb8_gas4 left out of the second round: slower beyond noise than the first round's pick" in note
+    assert result.best.spec.stage == 1 and result.cost.remeasured == 5
+    assert set(result.confirmed) == {"z0_mb8_gas4", "z1_mb8_gas4", "z2_mb8_gas4"}
+    # A rerun that resumes finds the same rounds on disk and measures nothing.
+    _, note, rerun, again_tuner = three_candidates(tuner_factory, again)
+    assert again_tuner.launcher.jobs == [] and "reused" in note and rerun.cost.remeasured == 5
+
+
+def test_a_drift_against_the_verdict_gets_no_second_round(tuner_factory):
+    # Measured again tightly, stage 1 reads 6% below its trial and stage 2 15% below its own:
+    # the machine moved, but stage 1 still leads, as it did in the trials, and stage 2, behind
+    # it in the trials too, is clearly slower. Neither drift can have made the verdict: one round.
+    launcher = DriftingLauncher(FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05),
+                                FakeMachine(speed={1: 0.96, 2: 0.85}, rel_ci=0.005))
+    tuner = tuner_factory(launcher=launcher, config={"zero_optimization": {"stage": [1, 2]},
+                                                     "train_micro_batch_size_per_gpu": 8})
+    result = tuner.tune()
+    note = next(n for n in result.notes if n.startswith("confirmed:"))
+    assert [j.trial_dir.name for j in confirms_of(tuner)] == ["confirm1"] * 2 and result.best.spec.stage == 1
+    assert "(A B)" in note and "differed from" not in note
+
+
+def test_a_loser_the_trials_had_ahead_gets_a_second_round(tuner_factory):
+    # Stage 1, the trials' fastest, measured again 12% below its trial and now behind stage 2:
+    # its window may have wronged it, so it and stage 2 are measured again, reversed. Stage 0,
+    # clearly slower than stage 2 and measured again as in its trial, is left out.
+    again = FakeMachine(speed={0: 0.97, 1: 0.9, 2: 1.0}, rel_ci=0.005)
+    runs, note, result, _ = three_candidates(tuner_factory, again)
+    assert [s for s, _ in runs] == [1, 2, 0, 2, 1]
+    assert "(A B C B A)" in note and "z1_mb8_gas4 measured again differed from its trial beyond noise" in note
+    assert "z0_mb8_gas4 left out of the second round" in note and result.best.spec.stage == 2
+
+
+def test_a_pick_above_its_trial_is_measured_again_with_all_it_beat(tuner_factory):
+    # Stage 2 measured again 12% above its trial, and now fastest: its window may have
+    # flattered it, so every candidate it beat is measured again with it.
+    again = FakeMachine(speed={0: 0.97, 1: 1.02, 2: 1.12}, rel_ci=0.005)
+    runs, note, result, _ = three_candidates(tuner_factory, again)
+    assert [s for s, _ in runs] == [1, 2, 0, 0, 2, 1] and "(A B C C B A)" in note
+    assert "z2_mb8_gas4 measured again differed from its trial" in note and "left out" not in note

@@ -1,6 +1,7 @@
 """A confirmed choice: before the final pick, the configurations within noise of the best (at
-most 3) are measured again, interleaved (A B C, and C B A unless the first round settled it)
-in the same warm processes, and the choice is made on those figures. Interleaving puts the
+most 3) are measured again, interleaved (A B C, and C B A unless the first round settled it;
+less those it showed slower beyond noise, see second_round) in the same warm processes, and the
+choice is made on those figures. Interleaving puts the
 machine's drift (other load, thermal, a noisy neighbour) on every candidate alike, which
 separate trials minutes apart cannot, and the second round's reversed order cancels a steady
 drift across the rounds. In the first round, each measures on past its window while its own
@@ -14,8 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._errors import ZerotuneError
-from .ranking import (MAXIMIZE, TIE_MARGIN, Choice, choose_best, clearly_worse, figure_of, fmt_metric, most_faster,
-                      within_noise)
+from .ranking import (MAXIMIZE, TIE_MARGIN, Choice, better, choose_best, clearly_worse, figure_of, fmt_metric,
+                      most_faster, within_noise)
 from .record import read_session
 from .step_stats import t95_df, welch_df
 from .trial import Measurement, TrialResult, TrialState
@@ -137,10 +138,9 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
             return _decide(out, by_name, order, choice, metric, reused=True)
     group, first = _first_in(group, trial_first(tuner, record, group))
     out, by_name = _start(group, first)
+    runs = [r for r in group if r.name != first]
     for round_ in range(1, ROUNDS + 1):
-        for r in (group if round_ == 1 else group[::-1]):
-            if round_ == 1 and r.name == first:
-                continue
+        for r in runs:
             job = tuner.make_confirm_job(record, r.spec, round_, CONFIRM_SECONDS)
             leader = choose_best(_confirmed(by_name, group), metric) if round_ == 1 else None
             if leader is not None:
@@ -150,8 +150,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
             by_name[r.name].append(result)
             against = f", its comparison with {leader.best.name} to settle" if job.settle else ""
             record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {ROUNDS}{against}")
-        if round_ < ROUNDS and settled(_confirmed(by_name, group), metric) \
-                and not drifted(by_name, group, first, metric):
+        if round_ < ROUNDS and not (runs := second_round(by_name, group, first, metric)):
             break
     return _decide(out, by_name, group, choice, metric, reused=False)
 
@@ -219,17 +218,35 @@ def _reusable(earlier: Confirmation, group: list[TrialResult], first: str | None
     figures."""
     if first != earlier.from_trial:
         return False  # its trial stood for a candidate that is none now
-    names = [r.name for r in group]
-    first_round = names[1:] if first is not None else names  # see _first_round
+    first_round = [r.name for r in group if r.name != first]  # see _first_round
     got = [r.name for r in earlier.runs]
-    if got == first_round + names[::-1]:
-        return True
-    if got != first_round:
+    if got[:len(first_round)] != first_round:
         return False
-    by_name = {n: [r for r in earlier.runs if r.name == n] for n in names}
+    by_name = {n.name: [r for r in earlier.runs[:len(first_round)] if r.name == n.name] for n in group}
     if first is not None:
         by_name[first].insert(0, group[0])
-    return settled(_confirmed(by_name, group), metric) and not drifted(by_name, group, first, metric)
+    return got[len(first_round):] == [r.name for r in second_round(by_name, group, first, metric)]
+
+
+def second_round(by_name: dict[str, list[TrialResult]], group: list[TrialResult], first: str | None,
+                 metric: str) -> list[TrialResult]:
+    """What the second round measures after the first (``by_name``: each candidate's first-round
+    figure), in reversed order: nothing where the first settled the choice and no drift may have
+    made it (see settled, drifted). Otherwise the pick, every candidate in question and each one
+    whose drift may have made the verdict; a candidate slower beyond noise than the pick, whose
+    own figures give no reason to doubt that, is left out, as is one whose re-measurement failed
+    (dropped for good). Where the pick itself may have been flattered by its window, every
+    candidate it beat is measured again with it: they are what it is compared with."""
+    confirmed = {c.name: c for c in _confirmed(by_name, group)}
+    moved = drifted(by_name, group, first, metric)
+    if settled(list(confirmed.values()), metric) and not moved:
+        return []
+    pick = choose_best(list(confirmed.values()), metric)
+    assert pick is not None, "settled() holds where fewer than two candidates measured"
+    keep = [r for r in group if r.name in confirmed and (
+        pick.best.name in moved or r.name in moved or r.name == pick.best.name
+        or not clearly_worse(metric, confirmed[r.name], pick.best))]
+    return keep[::-1] if len(keep) > 1 else []
 
 
 def settled(confirmed: list[TrialResult], metric: str) -> bool:
@@ -249,18 +266,34 @@ def settled(confirmed: list[TrialResult], metric: str) -> bool:
 
 def drifted(by_name: dict[str, list[TrialResult]], group: list[TrialResult], first: str | None,
             metric: str) -> list[str]:
-    """The candidates whose first re-measurement disagrees with their own trial beyond noise: the
-    machine's speed moved between the two (on a shared machine one config read 36.0 samples/s in
-    its trial and 31.1 a minute later). Then one round's verdict rests on that speed holding from
-    one candidate's window to the next, which the evidence says it may not: a second round, in
-    reversed order, measures every candidate again. (One round had picked a config that four
-    alternating rounds then measured 4% slower: its re-measurement read 7% above its trial.)"""
+    """The candidates whose first re-measurement disagrees with their own trial beyond noise in
+    a way that may have made the first round's choice: the machine's speed moved between the
+    two (on a shared machine one config read 36.0 samples/s in its trial and 31.1 a minute
+    later), so one round's verdict rests on that speed holding from one candidate's window to
+    the next, which the evidence says it may not; a second round, in reversed order, measures
+    every candidate again. (One round had picked a config that four alternating rounds then
+    measured 4% slower: its re-measurement read 7% above its trial.) Some drifts cannot have
+    made the verdict, and do not count: the pick measured again below its trial,
+    a candidate measured above its trial that still lost, or one below its trial whose trial
+    was behind the pick's trial too (the trials had it losing as well). Only the first round is
+    read (each candidate's first figure)."""
+    first_round = {name: runs[:1] for name, runs in by_name.items()}
+    pick = choose_best(_confirmed(first_round, group), metric)
+    trials = {r.name: r for r in group}
     out = []
     for trial in group:
-        if trial.name == first:
-            continue  # its trial is its first-round figure: the round holds nothing to compare it with
-        again = by_name[trial.name]
-        if again and again[0].state is TrialState.OK and not within_noise(metric, trial, again[0]):
+        again = first_round[trial.name]
+        if trial.name == first or pick is None or not again or again[0].state is not TrialState.OK \
+                or within_noise(metric, trial, again[0]):
+            continue  # ``first``: its trial is its first-round figure, nothing to compare it with
+        value, was = again[0].metric(metric), trial.metric(metric)
+        rose = value is not None and was is not None and better(metric, value, was)
+        if trial.name == pick.best.name:
+            moved = rose  # a pick flattered by its window
+        else:  # a loser whose window may have wronged it, where the trials had it level or ahead
+            lead = trials[pick.best.name].metric(metric)
+            moved = not rose and was is not None and lead is not None and not better(metric, lead, was)
+        if moved:
             out.append(trial.name)
     return out
 
@@ -285,8 +318,10 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
     out.best = pick.best.name
     figures = ", ".join(f"{name} {fmt_metric(metric, c)}" for name, c in out.confirmed.items())
     failed = [n for n in out.candidates if n not in out.confirmed]
-    rounds = 1 if len(out.runs) <= _first_round(out) else ROUNDS
-    order = " ".join("ABC"[:len(group)] + "CBA"[3 - len(group):] * (rounds > 1))
+    second = [r.name for r in out.runs[_first_round(out):]]
+    rounds = 1 if not second else ROUNDS
+    letter = {r.name: "ABC"[i] for i, r in enumerate(group)}
+    order = " ".join(letter[n] for n in out.candidates + second)
     if out.from_trial is not None:
         order += "; A's first figure is its trial, which ran just before B in the same processes"
     verdict = pick.note or f"chose {out.best}; the others are slower beyond noise"
@@ -297,6 +332,9 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
         whose = "its trial" if len(moved) == 1 else "their trials"
         verdict += (f"; {', '.join(moved)} measured again differed from {whose} beyond noise (the machine's "
                     "speed moved between them), so one round could not settle it")
+    if left := [n for n in out.candidates if second and n not in second and n not in failed]:
+        verdict += (f"; {', '.join(left)} left out of the second round: slower beyond noise than the first "
+                    "round's pick")
     if out.best != choice.best.name:
         verdict += f" (the trials alone had chosen {choice.best.name})"
     out.note = (f"confirmed: measured {len(group)} configurations within noise of each other again, interleaved "
