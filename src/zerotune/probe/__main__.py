@@ -3,7 +3,8 @@
 The user's arguments come from probe.json in the trial folder, never from this process's own
 command line, so no launcher's argument parser ever sees (or abbreviates) them. Modes:
 ``measure`` (one trial, then the process ends), ``serve`` (warm: trials one after another, see
-_warm), ``inspect`` (what a Lightning program asks for) and ``run`` (the real training).
+_warm), ``inspect`` (what a Lightning program asks for) and ``run`` (the real training; see _run for
+how it ends).
 """
 from __future__ import annotations
 
@@ -43,15 +44,18 @@ def main() -> None:
         from ._lightning import install_trial
 
         install_trial(spec["lightning_config"], None)
-    from ._trial import release_default_group, run_script
+    import faulthandler
 
+    from ._run import end_finished_run
+    from ._trial import run_script
+
+    faulthandler.enable(all_threads=True)  # a rank that aborts or segfaults says where, in its stderr
     try:
         run_script(spec, local_rank)
     except SystemExit as e:
-        if e.code in (0, None):
-            release_default_group()
-        raise
-    release_default_group()
+        if e.code not in (0, None):
+            raise
+    end_finished_run()
 
 
 if __name__ == "__main__":

@@ -31,15 +31,6 @@ def run_script(spec: dict[str, Any], local_rank: int) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-def release_default_group() -> None:
-    """The default process group destroyed, where the script left it alive when it ended. Left
-    to the interpreter's exit, gloo's threads can abort a rank that finished training ("terminate
-    called without an active exception" after the last step: pytorch#190489)."""
-    dist = sys.modules.get("torch.distributed")  # a script that never imported torch has no group
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def run_measured(spec: dict[str, Any], rank: int, local_rank: int, *, warm: bool = False) -> tuple[StepProbe, str]:
     """Runs one measured trial. Cold: the process ends here, with the trial. Warm: returns the
     probe and "" when the script ended cleanly (the probe stopped it, or it ended on its own),
