@@ -36,6 +36,8 @@ class FakeMachine:
     """Trials stop after two timed steps where those show them unable to beat the job's to_beat
     (as the probe decides, see step_stats.slower_beyond); their 95% interval is then that of
     two steps at rel_ci's spread."""
+    capped: set[int] = field(default_factory=set)
+    """Stages whose measurements end at their time cap without settling (stable: false)."""
     reduce_bucket_bytes: int = 0
     """Extra peak bytes per element of zero_optimization.reduce_bucket_size, up to the model's size
     (a bucket holds at most every gradient), as zerotune's memory model counts it."""
@@ -90,7 +92,7 @@ class FakeLauncher(Launcher):
         step = samples / m.throughput(spec)
         rel_ci = m.rel_ci_of.get(spec.stage, m.rel_ci)
         meas = Measurement(samples_per_step=samples, step_time_mean=step, step_time_std=step * rel_ci,
-                           step_time_ci95=step * rel_ci, steps_measured=10, stable=True,
+                           step_time_ci95=step * rel_ci, steps_measured=10, stable=spec.stage not in m.capped,
                            left_out=m.left_out.get(spec.name, []),
                            left_out_median=step if spec.name in m.left_out else None)
         if job.settle:

@@ -1,5 +1,5 @@
 """A confirmed choice: before the final pick, the configurations within noise of the best (at
-most 3) are measured again, interleaved (A B C, and C B A unless the first round settled it;
+most 3, see confirm_candidates) are measured again, interleaved (A B C, and C B A unless the first round settled it;
 less those it showed slower beyond noise, see second_round) in the same warm processes, and the
 choice is made on those figures. Interleaving puts the
 machine's drift (other load, thermal, a noisy neighbour) on every candidate alike, which
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ._errors import ZerotuneError
+from .confirm_candidates import candidates
 from .ranking import (MAXIMIZE, TIE_MARGIN, Choice, better, choose_best, clearly_worse, figure_of, fmt_metric,
                       most_faster, within_noise)
 from .record import read_session
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
     from .record import TuningRecord
     from .tuner import Autotuner
 
-MAX_CANDIDATES = 3
 ROUNDS = 2
 """Interleaved rounds at most; the second runs only where the first did not settle the choice."""
 CONFIRM_SECONDS = 5.0
@@ -117,15 +117,16 @@ def confirmed_in(session: dict, trials: list[TrialResult]) -> dict[str, TrialRes
 
 def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
             earlier: Confirmation | None = None) -> Confirmation | None:
-    """Re-measure ``choice.best`` and its ties (None when it has none); the choice made on the
+    """Re-measure ``choice.best`` and its ties, and a loser stopped early against an unsettled
+    figure (see confirm_candidates; None when there are none); the choice made on the
     re-measured figures is ``best``. ``earlier``: the last tuning's confirmation, reused when
     this tuning launched nothing (every trial reused: what they measured is unchanged) and it
     re-measured the same candidates, so that a rerun that resumes measures nothing again."""
     metric = tuner.request.autotuning.metric
-    if not choice.ties:
+    chosen = candidates(choice, record.trials, metric)
+    group = chosen.group
+    if len(group) < 2:
         return None
-    group = [choice.best] + sorted(choice.ties, key=lambda r: r.metric(metric), reverse=metric != "latency")
-    group = group[:MAX_CANDIDATES]
     if earlier is not None and earlier.runs and record.launched == 0:
         order, first = _first_in(group, earlier.from_trial)
         if _reusable(earlier, order, first, metric):
@@ -135,7 +136,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
                 by_name[result.name].append(result)
                 record.emit("confirm", 1 if i < _first_round(out) else 2, result.spec, result, "from disk")
                 record.reused(result)
-            return _decide(out, by_name, order, choice, metric, reused=True)
+            return _decide(out, by_name, order, choice, metric, reused=True, joined=chosen.note())
     group, first = _first_in(group, trial_first(tuner, record, group))
     out, by_name = _start(group, first)
     runs = [r for r in group if r.name != first]
@@ -152,7 +153,7 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
             record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {ROUNDS}{against}")
         if round_ < ROUNDS and not (runs := second_round(by_name, group, first, metric)):
             break
-    return _decide(out, by_name, group, choice, metric, reused=False)
+    return _decide(out, by_name, group, choice, metric, reused=False, joined=chosen.note())
 
 
 def settle_target(leader: TrialResult, candidate: TrialResult, metric: str, max_seconds: float) -> dict | None:
@@ -309,7 +310,7 @@ def _confirmed(by_name: dict[str, list[TrialResult]], group: list[TrialResult]) 
 
 
 def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: list[TrialResult], choice: Choice,
-            metric: str, *, reused: bool) -> Confirmation:
+            metric: str, *, reused: bool, joined: str = "") -> Confirmation:
     out.confirmed = {c.name: c for c in _confirmed(by_name, group)}
     pick = choose_best(list(out.confirmed.values()), metric)
     if pick is None:
@@ -339,6 +340,6 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
         verdict += f" (the trials alone had chosen {choice.best.name})"
     out.note = (f"confirmed: measured {len(group)} configurations within noise of each other again, interleaved "
                 + ("(by an earlier run of this tuning, reused) " if reused else "") +
-                f"({order}): {figures}; {verdict}"
+                f"({order}): {figures}; " + (f"{joined}; " if joined else "") + verdict
                 + (f"; re-measuring failed for {', '.join(failed)}" if failed else ""))
     return out

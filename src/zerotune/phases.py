@@ -70,8 +70,8 @@ def knob_searchers(tuner: "Autotuner", record: "TuningRecord") -> Iterator[tuple
             continue
         overall = choose_best(trials, at.metric)
         if clearly_worse(at.metric, bests[key], overall.best, CANNOT_WIN_MARGIN):
-            record.note(f"stage {stage}: knobs not searched; its best {bests[key].name} cannot win against "
-                        f"{overall.best.name}")
+            record.note(f"stage {stage}: knobs not searched; its best {bests[key].name} measured over "
+                        f"{CANNOT_WIN_MARGIN:.0%} behind {overall.best.name}, beyond noise")
             continue
         space = Space(stage=stage, dims=(*dims, Dimension(MICRO_BATCH, _around(tuner, bests[key].spec.micro_batch))),
                       global_batch=tuner.request.global_batch, dp=tuner.dp, default_gas=bests[key].spec.grad_accum,

@@ -212,7 +212,8 @@ class MicroBatchSearch(Searcher):
             best_all = choose_best(self.results, self.metric)
             if best_all and clearly_worse(self.metric, self._stage_best(stage), best_all.best, CANNOT_WIN_MARGIN):
                 self.notes.append(f"stage {stage}: skipped smaller micro-batches; its best "
-                                  f"{self._stage_best(stage).name} cannot win against {best_all.best.name}")
+                                  f"{self._stage_best(stage).name} measured over {CANNOT_WIN_MARGIN:.0%} "
+                                  f"behind {best_all.best.name}, beyond noise")
                 continue
             mb = largest[stage]
             while len({r.spec.micro_batch for r in self._ok(stage)}) < self.num_micro_batches:

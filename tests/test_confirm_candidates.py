@@ -1,0 +1,95 @@
+"""Which configurations the confirmation measures again: a trial stopped early against a leader
+whose own figure never settled is measured again beside it."""
+from fakes import FakeMachine
+from test_confirm import DriftingLauncher, confirms_of
+from zerotune import load_results
+from zerotune.confirm_candidates import candidates
+from zerotune.ranking import choose_best, within_noise
+from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+
+STAGES = {"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+
+
+def noisy_lead(capped: set[int], again_speed: dict[int, float] | None = None) -> DriftingLauncher:
+    """Stage 1 runs first and reads 10% ahead on a wide (6%) interval; stage 2, measured tightly,
+    is stopped early against it after two steps. Measured again side by side, stage 2 is the
+    faster (the machine was slower through its window), unless ``again_speed`` says otherwise."""
+    first = FakeMachine(speed={1: 1.1, 2: 1.0}, rel_ci=0.01, rel_ci_of={1: 0.06}, stops_early=True,
+                        capped=capped)
+    return DriftingLauncher(first, FakeMachine(speed=again_speed or {1: 1.0, 2: 1.06}, rel_ci=0.01))
+
+
+def test_a_loser_stopped_early_against_an_unsettled_lead_is_measured_again_beside_it(tuner_factory):
+    tuner = tuner_factory(launcher=noisy_lead(capped={1}), config=STAGES)
+    result = tuner.tune()
+    lead, stopped = (next(t for t in result.trials if t.spec.stage == s) for s in (1, 2))
+    assert stopped.measurement.early_stop and stopped.measurement.lost_to == lead.metric("throughput")
+    assert not lead.measurement.stable and within_noise("throughput", stopped, lead)
+    # A B, and B A: stage 2 read above its own trial, and a pick its window may have flattered is
+    # measured again beside what it beat.
+    assert [j.spec.name for j in confirms_of(tuner)] == ["z1_mb8_gas4", "z2_mb8_gas4", "z2_mb8_gas4", "z1_mb8_gas4"]
+    assert result.best.spec.stage == 2
+    note = next(n for n in result.notes if n.startswith("confirmed:"))
+    assert ("z2_mb8_gas4 joined: it was stopped early against z1_mb8_gas4's figure, which never settled "
+            "(±6% at its time cap)") in note
+    assert "(the trials alone had chosen z1_mb8_gas4)" in note
+    assert load_results(tuner.results_dir).best.spec.stage == 2
+    # A rerun that resumes reuses the trials and the re-measurements: nothing measured again.
+    again = tuner_factory(launcher=noisy_lead(capped={1}), config=STAGES)
+    rerun = again.tune()
+    assert not again.launcher.jobs and rerun.best.spec.stage == 2
+    assert "reused" in next(n for n in rerun.notes if n.startswith("confirmed:"))
+
+
+def test_the_early_stop_stands_against_a_lead_that_settled(tuner_factory):
+    # The same figures, but stage 1's interval settled within its window: the early stop's test
+    # compared with the leader's true interval, and its answer stands.
+    tuner = tuner_factory(launcher=noisy_lead(capped=set()), config=STAGES)
+    result = tuner.tune()
+    assert next(t for t in result.trials if t.spec.stage == 2).measurement.early_stop
+    assert not confirms_of(tuner) and result.best.spec.stage == 1
+    assert not any(n.startswith("confirmed") for n in result.notes)
+
+
+def test_a_loser_that_joined_can_lose_again(tuner_factory):
+    # Measured again side by side, stage 1 is as far ahead as its trial said: the pick stands.
+    tuner = tuner_factory(launcher=noisy_lead(capped={1}, again_speed={1: 1.1, 2: 1.0}), config=STAGES)
+    result = tuner.tune()
+    assert len(confirms_of(tuner)) == 2 and result.best.spec.stage == 1
+    note = next(n for n in result.notes if n.startswith("confirmed:"))
+    assert "z2_mb8_gas4 joined" in note and "the trials alone had chosen" not in note
+
+
+def trial(stage: int, throughput: float, rel_ci: float, *, stable: bool = True, lost_to: float | None = None):
+    """A trial of 8 samples a step at ``throughput``; stopped early after two steps where ``lost_to``."""
+    step = 8 / throughput
+    m = Measurement(samples_per_step=8, step_time_mean=step, step_time_std=step * rel_ci,
+                    step_time_ci95=step * rel_ci, steps_measured=2 if lost_to else 5, stable=stable,
+                    early_stop=lost_to is not None, lost_to=lost_to, lost_to_metric="throughput" if lost_to else "")
+    return TrialResult(spec=TrialSpec(stage=stage, micro_batch=8), state=TrialState.OK, measurement=m)
+
+
+def test_only_the_best_loser_stopped_early_joins_and_only_where_there_is_room():
+    lead = trial(1, 27.4, 0.11, stable=False)
+    near, far = trial(2, 25.0, 0.12, lost_to=27.4), trial(0, 23.4, 0.13, lost_to=27.4)
+    choice = choose_best([lead, near, far], "throughput")
+    assert choice.best is lead and not choice.ties  # both shown worse by their early stops
+    chosen = candidates(choice, [lead, far, near], "throughput")
+    assert chosen.group == [lead, near] and chosen.doubted is near and chosen.against is lead
+    # Against a settled lead, or one it was not stopped against, the early stop stands.
+    settled = trial(1, 27.4, 0.11)
+    assert candidates(choose_best([settled, near], "throughput"), [settled, near], "throughput").group == [settled]
+    other = trial(2, 25.0, 0.12, lost_to=26.0)
+    assert candidates(choose_best([lead, other], "throughput"), [lead, other], "throughput").group == [lead]
+    # Beyond noise of the lead even two-sided (a tight early stop far behind): not in question.
+    behind = trial(2, 20.0, 0.02, lost_to=27.4)
+    assert candidates(choose_best([lead, behind], "throughput"), [lead, behind], "throughput").group == [lead]
+    # Two ties ahead of it fill the group of three: it joins only by ranking above one of them.
+    ties = [trial(3, 26.5, 0.11), trial(0, 24.0, 0.11)]
+    full = choose_best([lead, near] + ties, "throughput")
+    assert full.best is lead and sorted(t.name for t in full.ties) == sorted(t.name for t in ties)
+    assert candidates(full, [lead, near] + ties, "throughput").group == [lead, ties[0], near]
+    ahead = [trial(3, 26.5, 0.11), trial(0, 26.0, 0.11)]
+    full = choose_best([lead, near] + ahead, "throughput")
+    got = candidates(full, [lead, near] + ahead, "throughput")
+    assert got.group == [lead] + ahead and got.doubted is None and got.note() == ""
