@@ -1,11 +1,11 @@
 """A confirmed choice: before the final pick, the configurations within noise of the best (at
-most 3, see confirm_candidates) are measured again, interleaved (A B C, and C B A unless the first round settled it;
-less those it showed slower beyond noise, see second_round) in the same warm processes, and the
-choice is made on those figures. Interleaving puts the
-machine's drift (other load, thermal, a noisy neighbour) on every candidate alike, which
-separate trials minutes apart cannot, and the second round's reversed order cancels a steady
-drift across the rounds. In the first round, each measures on past its window while its own
-steps can settle its comparison with the one leading (see settle_target).
+most 3, see confirm_candidates) are measured again, interleaved (A B C, and C B A unless the
+first round settled it; less those it showed slower beyond noise, see second_round) in the same
+warm processes, and the choice is made on those figures. Interleaving puts the machine's drift
+(other load, thermal, a noisy neighbour) on every candidate alike, which separate trials minutes
+apart cannot, and the second round's reversed order cancels a steady drift across the rounds.
+In the first round, each measures on past its window while its own steps can settle its
+comparison with the one leading (see settle_target).
 """
 from __future__ import annotations
 
