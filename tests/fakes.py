@@ -140,3 +140,25 @@ def measured_until_settled(meas: Measurement, settle: dict, cap: int = 40) -> Me
         n += 1
     ci = meas.step_time_mean * rel * math.sqrt(meas.steps_measured / n)
     return replace(meas, steps_measured=n, step_time_ci95=ci, step_time_std=ci / t95_df(n - 1) * math.sqrt(n))
+
+
+class DriftingLauncher(FakeLauncher):
+    """First measurements from ``machine``; re-measurements (confirm folders) from ``again``."""
+
+    def __init__(self, machine, again):
+        super().__init__(machine)
+        self.again = again
+
+    def run(self, job):
+        if job.trial_dir.name.startswith("confirm"):
+            first, self.machine = self.machine, self.again
+            try:
+                return super().run(job)
+            finally:
+                self.machine = first
+        return super().run(job)
+
+
+def confirms_of(tuner):
+    """The re-measurements (confirm folders) a tuner with a fake launcher ran, in order."""
+    return [j for j in tuner.launcher.jobs if j.trial_dir.name.startswith("confirm")]

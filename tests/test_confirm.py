@@ -2,28 +2,11 @@
 interleaved, and the choice is made on those figures."""
 from dataclasses import replace
 
-from fakes import FakeLauncher, FakeMachine
+from fakes import DriftingLauncher, FakeMachine, confirms_of
 from zerotune import load_results
 from zerotune.confirm import combined
 from zerotune.ranking import within_noise
 from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
-
-
-class DriftingLauncher(FakeLauncher):
-    """First measurements from ``machine``; re-measurements (confirm folders) from ``again``."""
-
-    def __init__(self, machine, again):
-        super().__init__(machine)
-        self.again = again
-
-    def run(self, job):
-        if job.trial_dir.name.startswith("confirm"):
-            first, self.machine = self.machine, self.again
-            try:
-                return super().run(job)
-            finally:
-                self.machine = first
-        return super().run(job)
 
 
 def test_ties_are_measured_again_interleaved_and_the_choice_made_on_those(tuner_factory):
@@ -279,10 +262,6 @@ def test_the_trial_just_run_stands_as_its_first_round(tuner_factory):
     rerun = again.tune()
     assert again.launcher.jobs == [] and rerun.best.name == result.best.name and rerun.cost.remeasured == 1
     assert any("reused" in n for n in rerun.notes if n.startswith("confirmed:"))
-
-
-def confirms_of(tuner):
-    return [j for j in tuner.launcher.jobs if j.trial_dir.name.startswith("confirm")]
 
 
 def test_a_second_round_measures_every_candidate_again(tuner_factory):

@@ -1,7 +1,6 @@
 """Which configurations the confirmation measures again: a trial stopped early against a leader
 whose own figure never settled is measured again beside it."""
-from fakes import FakeMachine
-from test_confirm import DriftingLauncher, confirms_of
+from fakes import DriftingLauncher, FakeMachine, confirms_of
 from zerotune import load_results
 from zerotune.confirm_candidates import candidates
 from zerotune.ranking import choose_best, within_noise

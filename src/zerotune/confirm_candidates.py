@@ -44,12 +44,11 @@ class Candidates:
 def candidates(choice: Choice, trials: list[TrialResult], metric: str) -> Candidates:
     """The configurations the confirmation of ``choice`` measures again (see the module's doc);
     a group of one (the pick alone) needs no confirmation."""
-    ranked = sorted(choice.ties, key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric])
     doubted, against = doubted_loser(choice, trials, metric)
-    if doubted is not None:
-        ranked = sorted(ranked + [doubted], key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric])
-    group = ([choice.best] + ranked)[:MAX_CANDIDATES]
-    if doubted is not None and doubted not in group:
+    others = choice.ties + ([doubted] if doubted is not None else [])
+    group = ([choice.best] + sorted(others, key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric]))
+    group = group[:MAX_CANDIDATES]
+    if not any(r is doubted for r in group):
         doubted = against = None
     return Candidates(group=group, doubted=doubted, against=against)
 
