@@ -8,6 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fakes import FakeLauncher, FakeMachine  # noqa: E402
+from probe_fakes import make_probe_factory  # noqa: E402
 from zerotune.hardware import Node  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +21,12 @@ GIB = 1024**3
 _BIN = str(Path(sys.executable).parent)
 if os.environ.get("PATH", "").split(os.pathsep)[0] != _BIN:
     os.environ["PATH"] = os.pathsep.join(p for p in (_BIN, os.environ.get("PATH", "")) if p)
+
+
+@pytest.fixture
+def probe_factory(tmp_path, monkeypatch):
+    """A probe on a fake clock (see probe_fakes.make_probe_factory); os._exit raises Exited."""
+    return make_probe_factory(tmp_path, monkeypatch)
 
 
 @pytest.fixture

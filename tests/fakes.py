@@ -28,6 +28,8 @@ class FakeMachine:
     num_params: int = 10_000_000
     knob_speed: dict = field(default_factory=dict)
     """Throughput factor per (dotted key, value) override, e.g. {("zero_optimization.overlap_comm", True): 1.2}."""
+    mb_speed: dict[int, float] = field(default_factory=dict)
+    """Throughput factor per micro-batch on every stage, e.g. {32: 0.8}: a best micro-batch below the largest."""
     trial_seconds: float = 0.0
     """Wall time each trial and re-measurement reports."""
     left_out: dict[str, list[float]] = field(default_factory=dict)
@@ -38,6 +40,9 @@ class FakeMachine:
     two steps at rel_ci's spread."""
     capped: set[int] = field(default_factory=set)
     """Stages whose measurements end at their time cap without settling (stable: false)."""
+    tied: set[str] = field(default_factory=set)
+    """Trial names that end as the probe's tie stop ends them (three timed steps, tied), where
+    their job has a leader to be tied with (to_beat)."""
     reduce_bucket_bytes: int = 0
     """Extra peak bytes per element of zero_optimization.reduce_bucket_size, up to the model's size
     (a bucket holds at most every gradient), as zerotune's memory model counts it."""
@@ -65,6 +70,7 @@ class FakeMachine:
     def throughput(self, spec: TrialSpec) -> float:
         # Saturating in the micro-batch, scaled per stage and by the knobs.
         factor = math.prod(self.knob_speed.get((k, v), 1.0) for k, v in spec.overrides)
+        factor *= self.mb_speed.get(spec.micro_batch, 1.0)
         return 1000.0 * self.speed[spec.stage] * factor * (1 - math.exp(-spec.micro_batch / 8))
 
 
@@ -99,6 +105,11 @@ class FakeLauncher(Launcher):
             meas = measured_until_settled(meas, job.settle)
         elif m.stops_early and job.to_beat:
             meas = stopped_early(meas, job.to_beat)
+        if spec.name in m.tied and job.to_beat and not meas.early_stop:
+            from dataclasses import replace
+
+            ci = step * rel_ci * math.sqrt(10 / 3)  # three steps at the spread of ten
+            meas = replace(meas, steps_measured=3, stable=False, tied=True, step_time_ci95=ci, step_time_df=2.0)
         return TrialResult(state=TrialState.OK, measurement=meas, **base)
 
     def close(self) -> None:

@@ -78,6 +78,23 @@ def test_an_early_stop_keeps_what_it_lost_to(tmp_path):
     assert run(tmp_path).measurement.lost_to is None
 
 
+def test_a_tie_is_kept_and_round_trips(tmp_path):
+    from zerotune.trial import TrialResult
+
+    rank(tmp_path, 0, tied=True)
+    rank(tmp_path, 1)
+    r = run(tmp_path)
+    assert r.measurement.tied and not r.measurement.early_stop
+    back = TrialResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.measurement.tied
+    damaged = r.to_dict()
+    damaged["measurement"]["tied"] = "yes"
+    with pytest.raises(ValueError, match="tied"):
+        TrialResult.from_dict(damaged)
+    rank(tmp_path, 0, tied=True, early_stop=True)  # a rank saying both: the early stop decided
+    assert not run(tmp_path).measurement.tied
+
+
 def test_word_error_in_normal_output_is_not_a_failure(tmp_path):
     rank(tmp_path, 0)
     rank(tmp_path, 1)

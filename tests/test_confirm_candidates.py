@@ -4,6 +4,7 @@ from fakes import DriftingLauncher, FakeMachine, confirms_of
 from zerotune import load_results
 from zerotune.confirm_candidates import candidates
 from zerotune.ranking import choose_best, within_noise
+from zerotune.report import summary_text
 from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
 
 STAGES = {"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
@@ -92,3 +93,19 @@ def test_only_the_best_loser_stopped_early_joins_and_only_where_there_is_room():
     full = choose_best([lead, near] + ahead, "throughput")
     got = candidates(full, [lead, near] + ahead, "throughput")
     assert got.group == [lead] + ahead and got.doubted is None and got.note() == ""
+
+
+def test_a_trial_ended_as_a_tie_is_confirmed_beside_the_pick(tuner_factory):
+    # Stage 2 reads 2% behind stage 1's wide figure and ends as a tie at three steps (the probe's
+    # tie stop, see test_probe_ties.py): it is measured again beside stage 1, and the summary
+    # says how its trial ended.
+    first = FakeMachine(speed={1: 1.0, 2: 0.98}, rel_ci=0.01, rel_ci_of={1: 0.06}, capped={1}, tied={"z2_mb8_gas4"})
+    tuner = tuner_factory(launcher=DriftingLauncher(first, FakeMachine(speed={1: 1.0, 2: 1.05}, rel_ci=0.01)),
+                          config=STAGES)
+    result = tuner.tune()
+    tie = next(t for t in result.trials if t.spec.stage == 2)
+    assert tie.measurement.tied and tie.measurement.steps_measured == 3
+    assert {j.spec.name for j in confirms_of(tuner)} == {"z1_mb8_gas4", "z2_mb8_gas4"}
+    assert result.best.spec.stage == 2
+    row = next(x for x in summary_text(result).splitlines() if x.startswith("z2_mb8_gas4 "))
+    assert "3 tied" in row

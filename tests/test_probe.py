@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from probe_fakes import Exited, FakeEngine, clock, drive, drive_micro
 from zerotune.probe._memory import MemoryReader, is_oom_error
 from zerotune.step_stats import is_stable, summarize
 
@@ -57,58 +58,6 @@ def test_statistics():
     assert is_stable([1.0, 1.01, 0.99, 1.0, 1.0], min_steps=5, rel_ci=0.03)
     assert not is_stable([1.0, 1.01, 0.99], min_steps=5, rel_ci=0.03)
     assert not is_stable([1.0, 2.0, 0.5, 1.5, 1.0], min_steps=5, rel_ci=0.03)
-
-
-class FakeEngine:
-    device = SimpleNamespace(type="cpu")
-
-    def __init__(self, stage=2, mb=4, gas=1):
-        self.stage, self.mb, self.gas = stage, mb, gas
-        self.module = SimpleNamespace(parameters=lambda: [])
-
-    def zero_optimization_stage(self):
-        return self.stage
-
-    def train_micro_batch_size_per_gpu(self):
-        return self.mb
-
-    def gradient_accumulation_steps(self):
-        return self.gas
-
-    def train_batch_size(self):
-        return self.mb * self.gas * 2
-
-
-class Exited(Exception):
-    pass
-
-
-@pytest.fixture
-def probe_factory(tmp_path, monkeypatch):
-    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    from zerotune.probe import _hooks
-
-    def fake_exit(code):
-        raise Exited(code)
-
-    monkeypatch.setattr(_hooks.os, "_exit", fake_exit)
-
-    def make(step_times, **spec):
-        clock = iter(step_times)
-        monkeypatch.setattr(_hooks.time, "perf_counter", lambda: next(clock))
-        spec = {"out_dir": str(tmp_path), "warmup_steps": 2, "min_steps": 3, "max_steps": 50, "max_seconds": 1e9,
-                "rel_ci": 0.03, "budget": None, "expect": {"stage": 2, "micro_batch": 4, "grad_accum": 1},
-                "profile_flops": False, **spec}
-        return _hooks.StepProbe(spec, rank=0)
-    return make
-
-
-def drive(probe, engine, steps):
-    import torch
-
-    for _ in range(steps):
-        probe.before_forward(engine, (torch.zeros(4, 16, dtype=torch.long),), {})
-        probe.after_step(engine)
 
 
 def test_stops_once_stable(probe_factory, tmp_path):
@@ -174,13 +123,22 @@ def test_early_stop_needs_the_one_sided_bound_to_lose(probe_factory, tmp_path):
         assert out["early_stop"] and len(out["intervals"]) == steps, (to_beat, out["intervals"])
 
 
-def test_an_early_stop_counts_the_leader_s_own_noise(probe_factory, tmp_path):
+def test_an_early_stop_counts_the_leader_s_own_noise(probe_factory, tmp_path, monkeypatch):
     # The steps above lose to an exact 11/s at two steps. Against 11/s measured with a 20%
     # relative standard error on two degrees of freedom, the leader itself may be near 8/s: the
-    # two-sample bound (Welch) never shows them slower, so the trial measures to its end.
+    # two-sample bound (Welch) never shows them slower, so the trial measures to its end, or,
+    # with the tie stop (see test_probe_ties.py), ends as a tie once its cap could not show it.
+    from zerotune.probe import _hooks
+
     times = [0.0, 0.0, 1.0, 2.0, 3.1] + [4.1 + i for i in range(40)]
-    probe = probe_factory(times, rel_ci=0.001, max_steps=12,
-                          to_beat={"metric": "throughput", "value": 11.0, "rel_se": 0.2, "df": 2.0})
+    lead = {"metric": "throughput", "value": 11.0, "rel_se": 0.2, "df": 2.0}
+    probe = probe_factory(times, rel_ci=0.001, max_steps=12, to_beat=lead)
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), 100)
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert not out["early_stop"] and out["tied"] and len(out["intervals"]) == 3
+    monkeypatch.setattr(_hooks.StepProbe, "_tied", lambda self, iv, measuring: False)
+    probe = probe_factory(times, rel_ci=0.001, max_steps=12, to_beat=lead)
     with pytest.raises(Exited):
         drive(probe, FakeEngine(), 100)
     out = json.loads((tmp_path / "rank0.json").read_text())
@@ -230,27 +188,6 @@ def test_an_early_stop_may_still_end_a_slow_trial_at_two_steps(probe_factory, tm
         drive(probe, FakeEngine(), len(steps))
     out = json.loads((tmp_path / "rank0.json").read_text())
     assert out["early_stop"] and len(out["intervals"]) == 2
-
-
-def drive_micro(probe, engine, durations):
-    """Micro-steps of the given durations (the fake clock advances by each); every
-    ``engine.gas``-th one is a boundary."""
-    import torch
-
-    for i, _ in enumerate(durations):
-        probe.before_forward(engine, (torch.zeros(4, 16, dtype=torch.long),), {})
-        if (i + 1) % engine.gas:
-            probe.after_micro(engine)
-        else:
-            probe.after_step(engine)
-
-
-def clock(durations, start=0.0):
-    out, t = [start], start
-    for d in durations:
-        t += d
-        out.append(t)
-    return out
 
 
 def test_with_accumulation_the_step_is_estimated_from_its_micro_steps(probe_factory, tmp_path):

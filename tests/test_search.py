@@ -183,3 +183,44 @@ def test_a_known_parameter_count_prunes_stages_by_model_states_before_any_trial(
     pruned = [t for t in result.trials if t.spec.stage in (1, 2)]
     assert pruned and all(t.state is TrialState.PRUNED and "model states at least" in t.reason for t in pruned)
     assert result.best.spec.stage == 3
+
+
+def stage_launches(tuner, stage):
+    return [j.spec.micro_batch for j in tuner.launcher.jobs
+            if j.spec.stage == stage and not j.trial_dir.name.startswith("confirm")]
+
+
+TWIN_STAGES = {"zero_optimization": {"stage": [0, 1]}}
+
+
+def test_stage_1_follows_stage_0_s_best_micro_batch(tuner_factory):
+    # Stages 0 and 1 within noise at every micro-batch, both best at 16 (32 is 2% slower here):
+    # stage 0 compares its micro-batches; stage 1 measures only stage 0's best below its own
+    # largest, where on its own it would go on to 8 as well.
+    machine = FakeMachine(speed={0: 1.0, 1: 0.99}, mb_speed={32: 0.86}, rel_ci=0.02)
+    tuner = tuner_factory(machine=machine, config=TWIN_STAGES)
+    result = tuner.tune()
+    assert stage_launches(tuner, 0) == [8, 32, 16] and stage_launches(tuner, 1) == [32, 16]
+    assert result.best.name == "z0_mb16_gas2"
+    assert any(n.startswith("stage 1: micro-batches below 32 follow stage 0's") and n.endswith(
+        "stage 0's best is 16; measured that one") for n in result.notes)
+
+
+def test_stage_0_follows_stage_1_and_nothing_is_measured_twice(tuner_factory):
+    # Stage 1 ahead: it compares first; stage 0's best to follow is then stage 1's 16.
+    machine = FakeMachine(speed={0: 0.99, 1: 1.0}, mb_speed={32: 0.86}, rel_ci=0.02)
+    tuner = tuner_factory(machine=machine, config=TWIN_STAGES)
+    result = tuner.tune()
+    assert 8 in stage_launches(tuner, 1) and sorted(stage_launches(tuner, 0)).count(16) == 1
+    assert set(stage_launches(tuner, 0)) == {8, 32, 16}  # its first guess, its largest, stage 1's best
+    assert any(n.startswith("stage 0: micro-batches below 32 follow stage 1's") for n in result.notes)
+
+
+def test_without_a_fixed_global_batch_each_stage_compares_its_own(tuner_factory):
+    # Accumulation fixed instead of the global batch: the optimizer step's share of a sample's
+    # time then changes with the micro-batch, and the stages' curves need not peak alike.
+    machine = FakeMachine(speed={0: 1.0, 1: 0.99}, mb_speed={32: 0.86}, rel_ci=0.02)
+    tuner = tuner_factory(machine=machine, config=TWIN_STAGES, autotuning={"max_train_batch_size": None})
+    result = tuner.tune()
+    assert tuner.request.global_batch is None
+    assert len(stage_launches(tuner, 1)) > 2 and not any("follow stage" in n for n in result.notes)

@@ -71,6 +71,7 @@ def combined(runs: list[TrialResult]) -> Measurement:
                    step_time_std=std, step_time_df=df if df is not None and math.isfinite(ci) else None,
                    steps_measured=sum(m.steps_measured for m in ms), stable=all(m.stable for m in ms),
                    timed_seconds=sum(m.timed_seconds for m in ms), early_stop=False, lost_to=None, lost_to_metric="",
+                   tied=False,
                    left_out=[x for m in ms for x in m.left_out],
                    left_out_median=next((m.left_out_median for m in ms if m.left_out), None))
 

@@ -60,7 +60,7 @@ def _steps(t) -> str:
     m = t.measurement
     if m is None:
         return "-"
-    flag = " stopped early" if m.early_stop else ("" if m.stable else " capped")
+    flag = " stopped early" if m.early_stop else " tied" if m.tied else ("" if m.stable else " capped")
     return f"{m.steps_measured}{flag}"
 
 

@@ -140,6 +140,8 @@ def _measurement_damage(m: dict[str, Any]) -> str:
         return "measurement's FLOPs per step is not a positive number"
     if not all(isinstance(m.get(k, ""), str) for k in ("flops_note", "lost_to_metric")):
         return "measurement's notes are not text"
+    if not all(isinstance(m.get(k, False), bool) for k in ("stable", "early_stop", "tied")):
+        return "measurement's stable, early_stop and tied are not true or false"
     left_out = m.get("left_out", [])
     if not (isinstance(left_out, list)
             and all(_number(v, positive=True) and v <= MAX_STEP_SECONDS for v in left_out)
@@ -181,6 +183,9 @@ class Measurement:
     """With early_stop: the best trial's figure it was shown (one-sided, at 95%) unable to beat,
     in lost_to_metric; None where unknown."""
     lost_to_metric: str = ""
+    tied: bool = False
+    """Measuring stopped behind the best so far, not shown unable to beat it, with too few steps
+    left before the time cap to show that: a tie, for the confirmation to measure again."""
     timed_seconds: float = 0.0
     """Seconds of the timed steps: the measurement itself, of the trial's wall time."""
     step_time_df: float | None = None

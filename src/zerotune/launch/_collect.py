@@ -205,6 +205,7 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
         stable=stable,
         tokens_per_sample=rank0.get("tokens_per_sample"), flops_per_step=rank0.get("flops_per_step"),
         flops_note=rank0.get("flops_note") or "", early_stop=bool(rank0.get("early_stop")),
+        tied=bool(rank0.get("tied")) and not rank0.get("early_stop"),
         **_lost_to(rank0), **left_out,
         timed_seconds=float(sum(intervals)))
     if budget and result.max_peak and result.max_peak > budget:

@@ -93,6 +93,8 @@ class StepProbe:
         self.fwd_flops: float | None = None
         self.flops_note = "not profiled"
         self.early_stop = False
+        self.tied = False
+        """Ended behind the best so far, the steps its time cap left unable to show it slower (see _tied)."""
         self.batch_note = ""
         self.memory: MemoryReader | None = None
         self.engine = None
@@ -240,46 +242,85 @@ class StepProbe:
         else:
             done = len(iv) >= self.spec["max_steps"] or (len(iv) >= self.fewest_steps()
                                                          and measuring >= self.spec["max_seconds"])
+            if not done and self._tied(iv, measuring):
+                self.tied = done = True
         settle = self.spec.get("settle")
         if done and settle and not self.early_stop and len(iv) < self.spec["max_steps"]:
             # Measured as long as a trial would be, a re-measurement goes on while more of its steps
             # may answer its comparison, never less: stopping at the first look that settles it
             # would make a wrong "settled" likelier (see settle_target).
-            return self._settle_verdict(measuring) != "open"
+            return self._verdict(settle, measuring) != "open"
         return done
 
-    def _settle_verdict(self, measuring: float) -> str:
-        """This re-measurement against the candidate leading the confirmation (see settle_verdict),
-        with as many more steps as fit before ``settle["max_seconds"]`` of timed steps."""
-        target = self.spec["settle"]
+    def _tied(self, iv: list[float], measuring: float) -> bool:
+        """Behind the best trial so far (``to_beat``) but not shown unable to beat it, and the
+        steps left before the time cap could not show it either, even at its mean and spread so
+        far (see _cannot_win): those steps would narrow an interval that decides nothing. The
+        trial stays a tie, and ties near the pick are measured again, interleaved, by the
+        confirmation, which no window of its own can replace. In a noisy hour the leader's own
+        figure is often too wide to stop anything against, and every trial within noise of it
+        ran to its cap (run 30-2). One ahead of the leader measures on: it becomes the leader,
+        and later trials are stopped early or tied against its figure. Asked only from the
+        fewest steps a trial may settle on; a re-measurement's comparison is settle's."""
+        target = self.spec.get("to_beat")
+        if (not target or self.spec.get("settle") or self.engine is None or len(iv) < self.fewest_steps()
+                or target["metric"] not in ("throughput", "latency")):
+            return False
+        mean, _, ci = self.estimate()
+        if not (math.isfinite(ci) and mean > 0 and target["value"] > 0):
+            return False  # no interval yet: nothing to call a tie
+        per, lead = self._per_and_lead(target)
+        if mean / per <= lead:
+            return False  # level or ahead: the next leader, measured in full
+        return not self._cannot_win(iv, more=self._steps_left(self.spec["max_seconds"], measuring))
+
+    def _steps_left(self, max_seconds: float, measuring: float) -> float:
+        """Samples the measurement may still add before ``max_seconds`` of timed steps (micro-steps
+        where the estimate comes from them), at its mean step time so far."""
+        mean = self.estimate()[0]
+        more = min(self.spec["max_steps"] - len(self.intervals()), (max_seconds - measuring) / mean)
+        if self.from_micro_steps():
+            more *= self.accumulation()  # each step adds that many samples to the estimate's parts
+        return max(0.0, more)
+
+    def _verdict(self, target: dict, measuring: float) -> str:
+        """This re-measurement against ``target`` (see settle_verdict; keys as TrialJob.settle's),
+        with as many more steps as fit before ``target["max_seconds"]`` of timed steps."""
         mean, _, ci = self.estimate()
         df = self.estimate_df()
         t = t95_df(df)
         if not (math.isfinite(ci) and math.isfinite(t) and mean > 0):
             return "out of reach"
         value = target["scale"] / mean if target["maximize"] else mean
-        more = min(self.spec["max_steps"] - len(self.intervals()), (target["max_seconds"] - measuring) / mean)
-        if self.from_micro_steps():
-            more *= self.accumulation()  # each step adds that many samples to the estimate's parts
-        return settle_verdict(Figure(value, value * ci / mean, ci / t / mean, df), target, more=max(0.0, more))
+        more = self._steps_left(target["max_seconds"], measuring)
+        return settle_verdict(Figure(value, value * ci / mean, ci / t / mean, df), target, more=more)
 
-    def _cannot_win(self, iv: list[float]) -> bool:
+    def _per_and_lead(self, target: dict) -> tuple[float, float]:
+        """Samples per step and the leader's time to compare with a step time divided by them:
+        per sample for throughput (its reciprocal), per step for latency."""
+        if target["metric"] == "throughput":
+            return float(self.engine.train_batch_size()), 1 / target["value"]
+        return 1.0, target["value"]
+
+    def _cannot_win(self, iv: list[float], more: float = 0.0) -> bool:
         """Even the optimistic end of a one-sided 95% bound loses to the best trial so far (its
         figure with its own standard error, see slower_beyond): more steps would only make a
         losing estimate more precise. One-sided, because the only question is whether it can be
-        faster; so two timed steps can already answer it."""
+        faster; so two timed steps can already answer it. ``more``: as it would read after that
+        many further samples at its mean and spread so far (its standard error shrinking as one
+        over the root of the count)."""
         target = self.spec.get("to_beat")
         if not target or len(iv) < 2 or self.engine is None or target["metric"] not in ("throughput", "latency"):
             return False
         mean, _, ci = self.estimate()
-        two = t95_df(self.estimate_df())
+        df = self.estimate_df()
+        two = t95_df(df)
         if not (math.isfinite(ci) and math.isfinite(two) and mean > 0 and target["value"] > 0):
             return False
-        # Compared as times: per sample for throughput (its reciprocal), per step for latency.
-        per = self.engine.train_batch_size() if target["metric"] == "throughput" else 1
-        lead = 1 / target["value"] if target["metric"] == "throughput" else target["value"]
+        per, lead = self._per_and_lead(target)
+        se = ci / two * math.sqrt((df + 1) / (df + 1 + more))
         lead_df = target.get("df")
-        return slower_beyond((mean / per, ci / two / per, self.estimate_df()),
+        return slower_beyond((mean / per, se / per, df + more),
                              (lead, lead * (target.get("rel_se") or 0.0), math.inf if lead_df is None else lead_df))
 
     def _over_budget(self) -> bool:
@@ -315,7 +356,7 @@ class StepProbe:
             samples_per_step = engine.train_batch_size()
             gas = engine.gradient_accumulation_steps()
         return {
-            "rank": self.rank, "state": state, "reason": reason, "early_stop": self.early_stop,
+            "rank": self.rank, "state": state, "reason": reason, "early_stop": self.early_stop, "tied": self.tied,
             # The best trial's figure it was shown unable to beat (see _cannot_win).
             "lost_to": self.spec["to_beat"] if self.early_stop else None,
             "times": self.times, "intervals": self.intervals(), "warmup_steps": self.warmup(),

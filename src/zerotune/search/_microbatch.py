@@ -22,6 +22,15 @@ CANNOT_WIN_MARGIN = 0.05
 
 Plan = Generator[Suggestion, TrialResult, None]
 
+TWINS = {0: 1, 1: 0}
+"""Stages whose micro-batches rank alike. At a fixed global batch, stages 0 and 1 run the same
+forward and backward passes and reduce gradients once, at the accumulation boundary (DeepSpeed's
+stage 1 hooks no reduction into the backward pass, unlike stage 2); they differ only in the
+optimizer step (stage 1 updates its partition of the states and gathers the parameters), which
+a step has once whatever its micro-batch. Their step times differ by about a constant, so the
+micro-batch best for one is best for the other, and the second to be compared measures only
+that one (run 30-2 measured stage 1 at 16 and 8 after stage 0's 16 had won: one trial of 7)."""
+
 
 class MicroBatchSearch(Searcher):
     def __init__(self, *, stages: list[int], candidates: list[int], global_batch: int | None, dp: int,
@@ -208,6 +217,7 @@ class MicroBatchSearch(Searcher):
     def _compare_micro_batches(self, largest: dict[int, int]) -> Plan:
         ranked = sorted(largest, key=lambda s: self._stage_best(s).metric(self.metric),
                         reverse=self.metric != "latency")
+        compared: set[int] = set()
         for stage in ranked:
             best_all = choose_best(self.results, self.metric)
             if best_all and clearly_worse(self.metric, self._stage_best(stage), best_all.best, CANNOT_WIN_MARGIN):
@@ -216,6 +226,10 @@ class MicroBatchSearch(Searcher):
                                   f"behind {best_all.best.name}, beyond noise")
                 continue
             mb = largest[stage]
+            if (twin := self._twin(stage, compared, largest)) is not None:
+                yield from self._follow_twin(stage, twin, mb)
+                continue
+            compared.add(stage)
             while len({r.spec.micro_batch for r in self._ok(stage)}) < self.num_micro_batches:
                 measured = {r.spec.micro_batch for r in self.results if r.spec.stage == stage}
                 smaller = [c for c in self.candidates if c < mb and c not in measured]
@@ -226,6 +240,32 @@ class MicroBatchSearch(Searcher):
                 stage_best = self._stage_best(stage)
                 if result.state is not TrialState.OK or clearly_worse(self.metric, result, stage_best):
                     break  # throughput falls with the micro-batch: smaller ones won't win either
+
+    def _twin(self, stage: int, compared: set[int], largest: dict[int, int]) -> int | None:
+        """The stage whose micro-batch comparison ``stage`` can follow (see TWINS), or None: its
+        twin was compared first here, on at least two micro-batches, over a range reaching
+        ``stage``'s largest, with the same overrides, at a fixed global batch."""
+        twin = TWINS.get(stage)
+        if (twin is None or twin not in compared or not self.global_batch
+                or self.overrides.get(twin, ()) != self.overrides.get(stage, ())
+                or largest.get(twin, 0) < largest[stage]
+                or len({r.spec.micro_batch for r in self._ok(twin)}) < 2):
+            return None
+        return twin
+
+    def _follow_twin(self, stage: int, twin: int, largest: int) -> Plan:
+        """Measure ``stage`` at its twin's best micro-batch only, where that is below its largest
+        and not measured yet."""
+        best = self._stage_best(twin).spec.micro_batch
+        measured = {r.spec.micro_batch for r in self.results if r.spec.stage == stage}
+        todo = best < largest and best not in measured
+        self.notes.append(
+            f"stage {stage}: micro-batches below {largest} follow stage {twin}'s: at a fixed global batch the two "
+            "differ only at the optimizer step (stage 1 updates its partition of the optimizer states and gathers "
+            f"the parameters), once per step at any micro-batch, so their micro-batches rank alike; stage {twin}'s "
+            f"best is {best}" + ("; measured that one" if todo else ""))
+        if todo:
+            yield Suggestion(self.spec(stage, best))
 
     def _stage_best(self, stage: int) -> TrialResult:
         choice = choose_best(self._ok(stage), self.metric)
