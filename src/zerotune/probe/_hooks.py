@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 import time
 import weakref
@@ -15,14 +16,16 @@ from ..store import write_json
 from ._memory import MemoryReader
 
 
-SETTLE = 0.15
-"""Warm-up ends at the first two consecutive step times within this fraction of each other..."""
 WARMING = 0.05
-"""...unless the second is faster than the first by more than this fraction: a job still warming up
-gets faster step by step (caches, the allocator, thread pools), and a 12% drop passes SETTLE. A
-slower second step is noise or a disturbance, not warm-up, and SETTLE alone bounds it. (A fresh
-process's steps ran 1.82, 1.60, 1.48, 1.45, 1.52 s: timing from the 1.60 s step read the trial 3%
-slow, with an interval that never reached 3% in 10 steps; from 1.48 s it settles in 4.)"""
+"""Warm-up ends at the first step time not more than this fraction slower than the median of the
+steps after it: a job still warming up gets faster step by step (caches, the allocator, thread
+pools). (A fresh process's steps ran 1.82, 1.60, 1.48, 1.45, 1.52 s: timing from the 1.60 s step
+read the trial 3% slow, with an interval that never reached 3% in 10 steps; from 1.48 s it
+settles in 4.) Judged against the median of all the later steps rather than the next one alone,
+so that one noisy step does not keep a settled job warming up: at 6-10% step noise the rule of
+two consecutive steps (within 15%, the second not 5% faster) ran z2_mb32_gas1's steps 3.29,
+2.80, 2.44, 3.08, 2.81 s all as warm-up in run 31-2, 14 s of a trial then stopped early after two
+timed steps."""
 MAX_WARMUP = 10
 """Steps after which timing starts even if step times never settled (the interval then shows it)."""
 
@@ -30,14 +33,14 @@ MAX_WARMUP = 10
 def settled_at(times: list[float], limit: int = MAX_WARMUP) -> int | None:
     """Adaptive warm-up: the number of optimizer steps before timing starts, given when each step
     ended. The first step (one-time costs: compilation, caches, the allocator) is always warm-up;
-    after it, warm-up ends where two consecutive step times agree within SETTLE and the second
-    is not more than WARMING faster than the first, both then timed. None while nothing has
-    settled yet (and fewer than ``limit`` steps ran)."""
-    for i in range(1, len(times) - 1):
-        a, b = times[i] - times[i - 1], times[i + 1] - times[i]
-        if abs(a - b) <= SETTLE * max(a, b) and b >= (1 - WARMING) * a:
-            return i
-        if i >= limit:
+    after it, warm-up ends at the first step whose time is not more than WARMING slower than the
+    median of the step times after it, timed from there. None while nothing has settled yet
+    (and fewer than ``limit`` steps ran)."""
+    durations = [b - a for a, b in zip(times, times[1:])]
+    for i in range(len(durations) - 1):
+        if durations[i] * (1 - WARMING) <= statistics.median(durations[i + 1:]):
+            return i + 1
+        if i + 1 >= limit:
             return limit
     return None
 
