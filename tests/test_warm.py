@@ -354,6 +354,19 @@ def test_near_budget_only_later_trials_of_a_group_are_measured_again_cold(tmp_pa
     assert cold == [near.spec.name]
 
 
+def test_a_cold_re_measurement_says_whether_the_warm_peak_was_near_or_above_the_budget(tmp_path, monkeypatch):
+    from zerotune.launch._local import LocalLauncher
+    from zerotune.trial import TrialResult
+
+    launcher = LocalLauncher(device="cpu")
+    monkeypatch.setattr(launcher, "retire", lambda key, why: None)
+    monkeypatch.setattr(launcher, "_run_cold", lambda job, d, env: TrialResult(spec=job.spec, state=TrialState.OK))
+    for peak, says in ((100, "was within 15% of the budget"), (300, "was above the budget")):
+        near = job(tmp_path, warm=True, budget=110)
+        warm = TrialResult(spec=near.spec, state=TrialState.OK, peak_memory=[peak, 90])
+        assert says in launcher._remeasure_cold(near, near.trial_dir, {}, warm).start
+
+
 def test_group_members_reads_the_group_and_skips_zombies(tmp_path):
     from zerotune.launch._process import group_members
 
