@@ -43,6 +43,8 @@ class FakeMachine:
     tied: set[str] = field(default_factory=set)
     """Trial names that end as the probe's tie stop ends them (three timed steps, tied), where
     their job has a leader to be tied with (to_beat)."""
+    figures: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per trial name, the (throughput, relative interval) it measures instead of the curve's."""
     reduce_bucket_bytes: int = 0
     """Extra peak bytes per element of zero_optimization.reduce_bucket_size, up to the model's size
     (a bucket holds at most every gradient), as zerotune's memory model counts it."""
@@ -68,6 +70,8 @@ class FakeMachine:
                                                                                                   self.num_params))
 
     def throughput(self, spec: TrialSpec) -> float:
+        if spec.name in self.figures:
+            return self.figures[spec.name][0]
         # Saturating in the micro-batch, scaled per stage and by the knobs.
         factor = math.prod(self.knob_speed.get((k, v), 1.0) for k, v in spec.overrides)
         factor *= self.mb_speed.get(spec.micro_batch, 1.0)
@@ -96,7 +100,7 @@ class FakeLauncher(Launcher):
             return TrialResult(state=TrialState.OOM, reason="CUDA out of memory", **base)
         samples = spec.micro_batch * spec.grad_accum * (job.num_gpus)
         step = samples / m.throughput(spec)
-        rel_ci = m.rel_ci_of.get(spec.stage, m.rel_ci)
+        rel_ci = m.figures[spec.name][1] if spec.name in m.figures else m.rel_ci_of.get(spec.stage, m.rel_ci)
         meas = Measurement(samples_per_step=samples, step_time_mean=step, step_time_std=step * rel_ci,
                            step_time_ci95=step * rel_ci, steps_measured=10, stable=spec.stage not in m.capped,
                            left_out=m.left_out.get(spec.name, []),

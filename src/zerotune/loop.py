@@ -134,8 +134,9 @@ class PhaseRun:
 
     def _predicted_loser(self, spec, prediction: Prediction | None) -> str:
         """Why ``spec`` need not run: predicted slower than the best trial's lower bound even with
-        the model's largest error so far added; "" where it must run (no prediction, a model not
-        yet verified on enough trials, another metric than throughput, the user's own config)."""
+        the model's largest error so far added, and even at the fast end of the interval the
+        trials it rests on give it; "" where it must run (no prediction, a model not yet verified
+        on enough trials, another metric than throughput, the user's own config)."""
         metric = self.tuner.request.autotuning.metric
         if prediction is None or not self.model.verified or metric != "throughput" or spec == self.tuner.own_spec:
             return ""
@@ -144,8 +145,10 @@ class PhaseRun:
             return ""
         best = choice.best
         error = self.model.error
-        if prediction.throughput * (1 + error) >= best.metric(metric) - (best.metric_ci(metric) or 0.0):
+        bound = best.metric(metric) - (best.metric_ci(metric) or 0.0)
+        if prediction.throughput * (1 + error) >= bound or prediction.upper >= bound:
             return ""
         return (f"throughput model: predicted {prediction.throughput:.1f} samples/s from {prediction.basis}; "
-                f"even {error:.0%} higher (the model's largest error so far) it stays below {best.name} at "
+                f"even {error:.0%} higher (the model's largest error so far), or at {prediction.upper:.1f} (the fast "
+                f"end of the interval its trials' own give it), it stays below {best.name} at "
                 f"{fmt_metric(metric, best)}")
