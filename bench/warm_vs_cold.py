@@ -1,7 +1,8 @@
 """Warm trials against cold ones, side by side in one run, on the bundled example (CPU).
 
 1. overhead and agreement: each configuration (stages 0-3) measured cold (processes of its
-   own) and warm (processes one launch serves), interleaved config by config; per-trial
+   own) and warm (processes one launch serves), interleaved config by config (cold first in
+   even rounds, warm first in odd ones, --reps rounds); per-trial
    overhead (wall time outside the timed steps) and whether the two measurements agree within
    their 95% intervals.
 2. choice: ``zerotune tune`` on the bundled example with --cold-trials and without; the same
@@ -12,9 +13,14 @@
    of each kind, and the RSS after teardown back at its level after the first of each kind.
 
     DS_ACCELERATOR=cpu python bench/warm_vs_cold.py [--model small] [--soak 30] [--skip-choice | --only-choice]
+    python bench/warm_vs_cold.py --device cuda --num-gpus 1 --skip-choice     # on a GPU node
+
+On a GPU the soak also reads the device memory held by tensors after each teardown
+(``torch.cuda.memory_allocated``) and its growth after the first trial of each kind.
 
 Last line: warm_vs_cold: overhead_ratio=<warm/cold> agree=<k>/<n> same_choice=<yes|within noise|no (...)|skipped>
 time_ratio=<warm/cold tuning> soak_clean=<k>/<n> rss_growth_mb=<after all kinds seen>
+[device_growth_mb=<the same of device memory, on a GPU>]
 """
 from __future__ import annotations
 
@@ -63,29 +69,37 @@ def check(r: TrialResult) -> TrialResult:
 
 
 def side_by_side(out: Path, args) -> tuple[float, int, int]:
-    warm_launcher, cold_launcher = LocalLauncher(device="cpu"), LocalLauncher(device="cpu")
-    cold_over, warm_over, agree, n = [], [], 0, 0
+    warm_launcher, cold_launcher = LocalLauncher(device=args.device), LocalLauncher(device=args.device)
+    cold_over, warm_over, agree, n, speed = [], [], 0, 0, []
     try:
         for rep in range(args.reps):
-            for stage in (0, 1, 2, 3):
-                c = check(cold_launcher.run(job(out / "pairs", f"cold_z{stage}_{rep}", stage, args, warm=False,
-                                                max_seconds=10, precision=0.03)))
-                w = check(warm_launcher.run(job(out / "pairs", f"warm_z{stage}_{rep}", stage, args, warm=True,
-                                                max_seconds=10, precision=0.03)))
+            for stage in args.stages:
+                # Cold first in even rounds, warm first in odd ones: a machine that drifts (a lent
+                # GPU node's host ran 20% slower a minute later) does not always favour one.
+                runs = {}
+                for warm in ((False, True) if rep % 2 == 0 else (True, False)):
+                    launcher, kind = (warm_launcher, "warm") if warm else (cold_launcher, "cold")
+                    runs[kind] = check(launcher.run(job(out / "pairs", f"{kind}_z{stage}_{rep}", stage, args,
+                                                        warm=warm, max_seconds=10, precision=0.03)))
+                c, w = runs["cold"], runs["warm"]
                 cold_over.append(overhead(c))
                 if w.warm:  # the group's first trial paid the launch: not a warm trial's overhead
                     warm_over.append(overhead(w))
                 ct, wt = c.measurement.throughput, w.measurement.throughput
+                speed.append(wt / ct)
                 ok = abs(ct - wt) <= c.measurement.throughput_ci95 + w.measurement.throughput_ci95
                 agree, n = agree + ok, n + 1
                 print(f"  z{stage} rep {rep + 1}: cold {ct:.2f} ± {c.measurement.throughput_ci95:.2f} "
                       f"({overhead(c):.1f} s overhead), warm {wt:.2f} ± {w.measurement.throughput_ci95:.2f} "
-                      f"({overhead(w):.1f} s overhead, {w.start}); agree: {'yes' if ok else 'NO'}", flush=True)
+                      f"({overhead(w):.1f} s overhead, {w.start}); agree: {'yes' if ok else 'NO'}; "
+                      f"peak cold {(c.max_peak or 0) / 2**20:.0f} MiB, warm {(w.max_peak or 0) / 2**20:.0f} MiB",
+                      flush=True)
     finally:
         warm_launcher.close()
     ratio = statistics.median(warm_over) / statistics.median(cold_over)
     print(f"overhead per trial: cold median {statistics.median(cold_over):.1f} s, warm median "
-          f"{statistics.median(warm_over):.1f} s", flush=True)
+          f"{statistics.median(warm_over):.1f} s; throughput warm/cold: median {statistics.median(speed):.2f} "
+          f"(range {min(speed):.2f}-{max(speed):.2f})", flush=True)
     return ratio, agree, n
 
 
@@ -116,7 +130,7 @@ def compare_choices(out: Path, args, cold_best: str, warm_best: str, rounds: int
     """Two different choices, measured again side by side: cold, interleaved (A B A B A B), so
     that the machine's drift falls on both alike. "within noise" where the means of the rounds
     differ by less than their 95% intervals (t over the rounds) together."""
-    launcher = LocalLauncher(device="cpu")
+    launcher = LocalLauncher(device=args.device)
     runs: dict[str, list[float]] = {cold_best: [], warm_best: []}
     for r in range(rounds):
         for name in (cold_best, warm_best):
@@ -143,12 +157,14 @@ def compare_choices(out: Path, args, cold_best: str, warm_best: str, rounds: int
     return f"no ({faster} faster by {abs(mean[cold_best] / mean[warm_best] - 1):.1%})"
 
 
-def soak(out: Path, args) -> tuple[int, float]:
-    launcher = LocalLauncher(device="cpu", warm_cap=args.soak + 1)
+def soak(out: Path, args) -> tuple[int, float, float | None]:
+    launcher = LocalLauncher(device=args.device, warm_cap=args.soak + 1)
     rng = random.Random(0)
     stages = [s for s in (0, 1, 2, 3) for _ in range((args.soak + 3) // 4)][:args.soak]
     rng.shuffle(stages)
     clean, seen, counts, rss_base, growth, seq = 0, set(), None, {}, 0.0, 0
+    dev_base: dict[int, int] = {}
+    dev_growth: float | None = None  # stays None on CPU, where done files hold no device reading
     try:
         for i, stage in enumerate(stages):
             r = check(launcher.run(job(out / "soak", f"t{i:02d}_z{stage}", stage, args, warm=True, max_seconds=1.0,
@@ -163,26 +179,40 @@ def soak(out: Path, args) -> tuple[int, float]:
             counts = now if stage not in seen or counts is None else counts
             seen.add(stage)
             rss_base.setdefault(stage, done[0]["rss"])
+            dev = done[0].get("device_in_use")
+            if dev is not None:
+                dev_base.setdefault(stage, dev)
             if len(seen) == 4:
                 growth = max(growth, (done[0]["rss"] - max(rss_base.values())) / 2**20)
+                if dev is not None:
+                    dev_growth = max(dev_growth or 0.0, (dev - max(dev_base.values())) / 2**20)
+            peak = r.max_peak or 0
             print(f"  soak {i + 1}/{len(stages)} z{stage}: {r.start}; rss {done[0]['rss'] / 2**20:.0f} MiB, "
-                  f"threads {now[0]}, fds {now[1]}", flush=True)
+                  + (f"device in use {dev / 2**20:.1f} MiB, " if dev is not None else "")
+                  + f"trial peak {peak / 2**20:.0f} MiB, threads {now[0]}, fds {now[1]}", flush=True)
     finally:
         launcher.close()
-    return clean, growth
+    return clean, growth, dev_growth
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="small", choices=["tiny", "small", "medium"])
     p.add_argument("--num-gpus", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: trials on this node's GPUs (DS_ACCELERATOR left to DeepSpeed)")
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--soak", type=int, default=30)
+    p.add_argument("--stages", type=lambda v: [int(x) for x in v.split(",")], default=[0, 1, 2, 3],
+                   help="stages measured cold and warm side by side, in this order (default 0,1,2,3)")
     p.add_argument("--skip-choice", action="store_true", help="skip the two full tunings")
     p.add_argument("--only-choice", action="store_true", help="only the two full tunings (part 2)")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "warm_vs_cold"))
     args = p.parse_args()
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if args.device == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    elif os.environ.get("DS_ACCELERATOR") == "cpu":
+        p.error("--device cuda with DS_ACCELERATOR=cpu: unset it")
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)
@@ -194,9 +224,10 @@ def main() -> None:
         return
     ratio, agree, n = side_by_side(out, args)
     verdict, time_ratio = ("skipped", float("nan")) if args.skip_choice else same_choice(out, args)
-    clean, growth = soak(out, args)
+    clean, growth, dev_growth = soak(out, args)
     print(f"warm_vs_cold: overhead_ratio={ratio:.2f} agree={agree}/{n} same_choice={verdict} "
-          f"time_ratio={time_ratio:.2f} soak_clean={clean}/{args.soak} rss_growth_mb={growth:.0f}")
+          f"time_ratio={time_ratio:.2f} soak_clean={clean}/{args.soak} rss_growth_mb={growth:.0f}"
+          + (f" device_growth_mb={dev_growth:.1f}" if dev_growth is not None else ""))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shlex
 import signal
 from pathlib import Path
 from typing import Any
@@ -25,12 +27,29 @@ KNOWN_FIXES = (
      "ds_config, or map them to the script's options with autotuning.arg_mappings"),
 )
 """Errors whose fix is known: (what the error says, what to do)."""
+_ARCH_INT_ERROR = re.compile(r"invalid literal for int\(\) with base 10: '\d*[a-z]")
+_ARCH_SUFFIXED = re.compile(r"\d[a-z]")
+
+
+def _arch_list_fix() -> str:
+    """DeepSpeed's JIT op build (0.19) sorts TORCH_CUDA_ARCH_LIST's entries as numbers and fails
+    on an architecture-specific one such as 9.0a, which CUDA images of Hopper machines set: seen
+    on a lent H200, where every trial that builds FusedAdam crashed with only that ValueError."""
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST", "")
+    if not _ARCH_SUFFIXED.search(arch):
+        return ""
+    plain = ";".join(dict.fromkeys(re.sub(r"(\d)[a-z]+", r"\1", a) for a in re.split(r"[;\s]+", arch) if a))
+    return (f"DeepSpeed's JIT op build cannot read TORCH_CUDA_ARCH_LIST={arch} (an architecture-specific entry); "
+            f"set TORCH_CUDA_ARCH_LIST={shlex.quote(plain)}, or unset it to build for the GPUs present")
 
 
 def known_fix(reason: str) -> str:
     """``reason`` with the fix of a known error added."""
-    for pattern, fix in KNOWN_FIXES:
-        if pattern.search(reason) and fix not in reason:
+    fixes = [fix for pattern, fix in KNOWN_FIXES if pattern.search(reason)]
+    if _ARCH_INT_ERROR.search(reason):
+        fixes.append(_arch_list_fix())
+    for fix in fixes:
+        if fix and fix not in reason:
             return f"{reason}; fix: {fix}"
     return reason
 
