@@ -45,6 +45,9 @@ class FakeMachine:
     their job has a leader to be tied with (to_beat)."""
     figures: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Per trial name, the (throughput, relative interval) it measures instead of the curve's."""
+    lazy: dict[int, int] = field(default_factory=dict)
+    """Per stage, bytes its ranks allocate only after the first forward (DeepSpeed's gradient
+    buckets): in the peak, not in the static reading, whatever the micro-batch."""
     reduce_bucket_bytes: int = 0
     """Extra peak bytes per element of zero_optimization.reduce_bucket_size, up to the model's size
     (a bucket holds at most every gradient), as zerotune's memory model counts it."""
@@ -66,6 +69,7 @@ class FakeMachine:
         if any(k.endswith("offload_optimizer.device") for k, _ in spec.overrides):
             static = int(static * self.offload_keeps)
         bucket = dict(spec.overrides).get("zero_optimization.reduce_bucket_size", 0)
+        static += self.lazy.get(spec.stage, 0)
         return static + self.per_sample * spec.micro_batch + int(self.reduce_bucket_bytes * min(bucket,
                                                                                                   self.num_params))
 

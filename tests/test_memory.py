@@ -85,3 +85,26 @@ def test_lower_bound_before_any_trial_is_the_model_states_when_the_size_is_known
     assert MemoryModel(dp=2, mixed_precision=False).lower_bound(0, 1) is None
     m = MemoryModel(dp=2, mixed_precision=False, setup_for=setup_for, num_params=100_000_000)
     assert m.lower_bound(1, 1) == pytest.approx(model_states(setup_for(1, 100_000_000)) * (1 - Z * TRANSFER_REL))
+
+
+def test_an_out_of_memory_trial_sets_a_floor_under_its_own_and_smaller_micro_batches():
+    """What a trial held when it ran out at micro-batch 8 (its static 160 MiB read before the
+    first forward): at 8 and above at least that, below it at least the line from the static to
+    it, less the prior spreads; per stage and overrides, and never from OK trials."""
+    m = MemoryModel(dp=2, mixed_precision=False)
+    m.observe(ok(1, 4, 500 * MIB, 100 * MIB))
+    assert m.floor(1, 2) is None
+    oom = TrialResult(spec=TrialSpec(stage=1, micro_batch=8), state=TrialState.OOM, peak_memory=[2000 * MIB, 1800 * MIB],
+                      static_memory=[160 * MIB, 150 * MIB])
+    m.observe(oom)
+    margin = 1 - Z * PRIOR_REL
+    need, at = m.floor(1, 2)
+    assert at.micro_batch == 8 and need == pytest.approx((2000 / 4 + 160 * 3 / 4) * MIB * margin)
+    assert m.floor(1, 8)[0] == m.floor(1, 32)[0] == pytest.approx(2000 * MIB * margin)
+    assert m.floor(2, 2) is None and m.floor(1, 2, (("zero_optimization.offload_optimizer.device", "cpu"),)) is None
+    assert [p.micro_batch for p in m.points[1]] == [4]  # the fit is the OK trials' alone
+    # A second, tighter failure at a smaller micro-batch raises the floor below it.
+    m.observe(TrialResult(spec=TrialSpec(stage=1, micro_batch=2), state=TrialState.OOM, peak_memory=[1900 * MIB],
+                          static_memory=[160 * MIB]))
+    assert m.floor(1, 2)[1].micro_batch == 2
+    assert m.floor(1, 1)[0] == pytest.approx((1900 / 2 + 160 / 2) * MIB * margin)

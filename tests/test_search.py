@@ -94,6 +94,36 @@ def test_first_guess_oom_goes_lower(tuner_factory):
     assert result.best.spec.micro_batch == 4  # 1000 + 400*4 = 2600 MiB <= 3072; 8 does not fit
 
 
+def test_what_an_oom_held_prunes_smaller_micro_batches_that_cannot_fit(tuner_factory):
+    """As on a lent H200 under a 600 MB budget: stage 1 ran out at micro-batch 8 holding 2.26 GiB,
+    most of it a gradient bucket allocated after the first forward (not in the static reading),
+    and the search then launched micro-batch 2, which ran out too. What the first one held shows
+    that the smaller one cannot fit: it is pruned, with why, not launched."""
+    mib = 1024**2
+    machine = FakeMachine(static={0: 100 * mib, 1: 100 * mib}, lazy={1: 4000 * mib}, per_sample=10 * mib)
+    tuner = tuner_factory(memory="1GiB", machine=machine, config={"zero_optimization": {"stage": [0, 1]}},
+                          autotuning={"min_train_micro_batch_size_per_gpu": 2, "max_train_micro_batch_size_per_gpu": 8})
+    result = tuner.tune()
+    stage1 = [t for t in result.trials if t.spec.stage == 1]
+    assert [(t.spec.micro_batch, t.state) for t in stage1] == [(8, TrialState.OOM), (2, TrialState.PRUNED)]
+    # 4180 MiB held at 8 (its static 100): micro-batch 2 needs 4180 / 4 + 100 * 3 / 4 less 4%, 1075 MiB
+    assert "needs at least 1.05 GiB > budget 1.00 GiB, by z1_mb8_gas4, which held 4.08 GiB" in stage1[1].reason
+    assert [j.spec.stage for j in tuner.launcher.jobs].count(1) == 1
+    assert result.best.spec.stage == 0
+
+
+def test_an_oom_far_above_the_smaller_micro_batches_does_not_prune_them(tuner_factory):
+    """Activations that scale with the micro-batch: the bound from an OOM at 16 leaves 4 open,
+    and 4 fits."""
+    mib = 1024**2
+    machine = FakeMachine(static={0: 100 * mib}, per_sample=100 * mib)
+    result = tuner_factory(memory="1GiB", machine=machine, config={"zero_optimization": {"stage": 0}},
+                           autotuning={"min_train_micro_batch_size_per_gpu": 4,
+                                       "max_train_micro_batch_size_per_gpu": 64}).tune()
+    assert not any(t.state is TrialState.PRUNED and "needs at least" in t.reason for t in result.trials)
+    assert result.best.spec.micro_batch == 8  # 100 + 8 * 100 = 900 MiB <= 1024; 16 does not fit
+
+
 def test_crashing_stage_does_not_stop_the_tuning(tuner_factory):
     machine = FakeMachine(crash={"z1_mb16_gas2"})
     result = tuner_factory(machine=machine, memory="6GiB").tune()

@@ -97,8 +97,14 @@ class MemoryModel:
         self.points: dict[int, list[Point]] = {}
         self.num_params = num_params
         """Known before any trial (model_info, a Lightning model) or from the first trial."""
+        self.floors: dict[tuple[int, tuple], list[Point]] = {}
+        """Per stage and overrides, its trials that ran out of memory: what they held when they did."""
 
     def observe(self, result: TrialResult) -> None:
+        if result.state is TrialState.OOM and result.peak_memory:
+            self.floors.setdefault((result.spec.stage, result.spec.overrides), []).append(
+                Point(result.spec.micro_batch, max(result.peak_memory), max(result.static_memory or [0])))
+            return
         if result.state is not TrialState.OK or not result.peak_memory or not result.static_memory:
             return
         self.num_params = self.num_params or result.num_params
@@ -127,6 +133,24 @@ class MemoryModel:
         transfer = math.hypot(TRANSFER_REL * change, (max(statics) - min(statics)) / 2)
         return LinearFit(base.static + states[stage], base.per_sample, base.exact, base.sigma, base.n,
                          base.mean_mb, base.sxx, transfer)
+
+    def floor(self, stage: int, micro_batch: int, overrides: tuple = ()) -> tuple[float, Point] | None:
+        """What ``micro_batch`` needs at least by the stage's out-of-memory trials (with these
+        overrides), with the trial that shows it; None without such a trial. A trial that ran out
+        at micro-batch m held P when it stopped, so it needed at least P: a larger micro-batch needs
+        that too, and a smaller one at least the line from the trial's static S to P, since its
+        peak is C + a * mb with C >= S (what the rank held before the first forward stays). Less
+        ``Z`` prior spreads, as a measured peak may read that much high. On a lent H200 a budget of
+        600 MB was exceeded at micro-batch 8 (2.26 GiB: DeepSpeed's reduce bucket alone took 1.9
+        GiB) and the search then launched micro-batch 2 (2.16 GiB), which this bound, 0.66 GiB,
+        shows cannot fit."""
+        best: tuple[float, Point] | None = None
+        for p in self.floors.get((stage, overrides), []):
+            share = min(1.0, micro_batch / p.micro_batch)
+            need = (p.peak * share + min(p.static, p.peak) * (1 - share)) * (1 - Z * PRIOR_REL)
+            if best is None or need > best[0]:
+                best = (need, p)
+        return best
 
     def lower_bound(self, stage: int, micro_batch: int) -> float | None:
         """What a stage needs at least (``Z`` standard deviations below its prediction), or

@@ -160,6 +160,18 @@ class MicroBatchSearch(Searcher):
         what = _predicted(fit, mb) if fit is not None else f"model states at least {format_size(low)}"
         return f"predicted {what} > budget {format_size(self.budget)}"
 
+    def _over_floor(self, stage: int, mb: int) -> str | None:
+        """Why ``mb`` cannot fit by what the stage's out-of-memory trials held (see
+        MemoryModel.floor), or None."""
+        if not self.budget:
+            return None
+        floor = self.memory.floor(stage, mb, self.overrides.get(stage, ()))
+        if floor is None or floor[0] <= self.budget:
+            return None
+        need, at = floor
+        return (f"needs at least {format_size(need)} > budget {format_size(self.budget)}, by "
+                f"{self.spec(stage, at.micro_batch).name}, which held {format_size(at.peak)} when it ran out")
+
     def _first_guess(self, stage: int) -> int:
         fit = self.memory.fit(stage)
         if fit is not None and self.budget:
@@ -194,9 +206,15 @@ class MicroBatchSearch(Searcher):
                 break
             fit = self.memory.fit(stage)
             if ok_max is None:
-                # Nothing fits yet: go well below the failure, geometrically.
-                below = [c for c in open_range if c <= max(1, mb // 4)] or open_range[:1]
-                mb = below[-1]
+                # Nothing fits yet: go well below the failure, geometrically, but never to a
+                # micro-batch that what the failure held shows cannot fit.
+                fitting = [c for c in open_range if self._over_floor(stage, c) is None]
+                if not fitting:
+                    nxt = ([c for c in open_range if c <= max(1, mb // 4)] or open_range[:1])[-1]
+                    yield Suggestion(self.spec(stage, nxt), self._over_floor(stage, nxt))
+                    break
+                below = [c for c in fitting if c <= max(1, mb // 4)]
+                mb = below[-1] if below else fitting[0]
                 continue
             if fit is None or not self.budget:
                 mb = open_range[-1]
