@@ -167,26 +167,18 @@ def test_a_known_error_names_its_fix():
     assert known_fix("RuntimeError: boom") == "RuntimeError: boom"
 
 
-def _deepspeed_arch_error(arch: str) -> str:
+def _deepspeed_arch_error(monkeypatch, arch: str) -> str:
     """What DeepSpeed's own JIT builder says of this TORCH_CUDA_ARCH_LIST ("" where it reads it)."""
-    import os
-
     from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
 
     builder = FusedAdamBuilder()
     builder.jit_mode = True  # as in a trial's first engine, where FusedAdam is built
-    before = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", arch)
     try:
         builder.compute_capability_args()
         return ""
     except ValueError as e:
         return f"rank 0: ValueError: {e}"
-    finally:
-        if before is None:
-            del os.environ["TORCH_CUDA_ARCH_LIST"]
-        else:
-            os.environ["TORCH_CUDA_ARCH_LIST"] = before
 
 
 def test_an_architecture_list_deepspeed_cannot_read_names_its_fix(monkeypatch):
@@ -194,13 +186,12 @@ def test_an_architecture_list_deepspeed_cannot_read_names_its_fix(monkeypatch):
     DeepSpeed's bare ValueError. The fix named must be a list DeepSpeed reads."""
     from zerotune.launch._collect import known_fix
 
-    reason = _deepspeed_arch_error("8.0;9.0a")
+    reason = _deepspeed_arch_error(monkeypatch, "8.0;9.0a")
     assert "invalid literal for int()" in reason
-    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0;9.0a")
     fixed = known_fix(reason)
     assert fixed.startswith(reason) and "set TORCH_CUDA_ARCH_LIST='8.0;9.0'," in fixed
-    assert _deepspeed_arch_error("8.0;9.0") == ""
     assert known_fix(fixed) == fixed
+    assert _deepspeed_arch_error(monkeypatch, "8.0;9.0") == ""
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")  # the error came from elsewhere: no guess
     assert known_fix(reason) == reason
 
