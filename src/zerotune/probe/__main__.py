@@ -19,10 +19,12 @@ def main() -> None:
     spec_path = os.environ.get("ZEROTUNE_PROBE")
     if not spec_path:
         sys.exit("zerotune.probe is started by zerotune for each trial; run `zerotune tune script.py ...` instead")
+    from .. import cpu_info
     from .._proc import die_with_parent
 
     # If the launcher is killed outright, end this rank too rather than wait in a collective.
     die_with_parent(signal.SIGTERM)
+    cpu_info.install(os.environ.get(cpu_info.ENV))
     spec = json.loads(Path(spec_path).read_text())
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
