@@ -195,6 +195,17 @@ def test_one_rank_failing_its_leak_check_retires_the_group(tmp_path, fake_group)
     result, why = run_in_group(fake_group, job(tmp_path), job(tmp_path).trial_dir)
     assert result.state is TrialState.OK  # the result stands
     assert "still alive" in why
+    assert not fake_group.idle  # a rank may still be at work: retired with a grace
+
+
+def test_a_group_is_idle_between_clean_trials_only(tmp_path, fake_group):
+    """Idle ranks (every one reported a clean end and waits) are retired without a grace; a
+    group with an order out is not idle."""
+    assert not fake_group.idle
+    run_in_group(fake_group, job(tmp_path), job(tmp_path).trial_dir)
+    assert fake_group.idle
+    fake_group.order(job(tmp_path).trial_dir / "probe.json", "z1")
+    assert not fake_group.idle
 
 
 def test_processes_that_die_mid_trial_retire_the_group_and_the_trial_crashed(tmp_path, fake_group):
@@ -393,4 +404,23 @@ def test_killing_a_group_returns_once_every_member_is_gone(tmp_path):
         time.sleep(0.01)
     assert len(group_members(group.proc.pid)) == 2
     group.kill(grace=0.5)
+    assert group_members(group.proc.pid) == []
+
+
+def test_killing_with_no_grace_sends_no_sigterm(tmp_path):
+    """An idle group is ended with SIGKILL at once: what handles SIGTERM (DeepSpeed's launcher,
+    0.8 s) never runs."""
+    from zerotune.launch._process import group_members
+
+    ready, handled = tmp_path / "ready", tmp_path / "handled"
+    leader = ("import signal, sys, time; "
+              f"signal.signal(signal.SIGTERM, lambda *a: (open(r'{handled}', 'w').close(), sys.exit(0))); "
+              f"open(r'{ready}', 'w').close(); time.sleep(600)")
+    group = ProcessGroup([sys.executable, "-c", leader], env=dict(os.environ), log=None)
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert group.proc.poll() is None and time.monotonic() < deadline, "the leader never started"
+        time.sleep(0.01)
+    group.kill(grace=0.0)
+    assert group.proc.returncode == -signal.SIGKILL and not handled.exists()
     assert group_members(group.proc.pid) == []

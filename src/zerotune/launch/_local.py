@@ -180,7 +180,7 @@ class LocalLauncher(SupervisingLauncher):
         write_atomic(warm.pool / "retired.txt", why + "\n")
         with self._lock:
             self._running.discard(warm.group)
-        warm.group.kill()
+        warm.group.kill(grace=0.0 if warm.idle else 3.0)
         remove_shm_buffers(warm.port)
 
     def close(self) -> None:

@@ -40,12 +40,16 @@ class WarmGroup:
     started_as: str
     seq: int = 0
     """The number of the next order."""
+    idle: bool = False
+    """Every rank reported its last trial ended cleanly and waits for the next order: nothing
+    of theirs is left to finish, so retiring them needs no grace."""
 
     @property
     def alive(self) -> bool:
         return self.group.proc.poll() is None
 
     def order(self, probe: Path, kind: str) -> None:
+        self.idle = False
         write_json(self.pool / f"order{self.seq}.json", {"probe": str(probe), "kind": kind})
 
     def done(self) -> list[dict[str, Any] | None]:
@@ -132,6 +136,7 @@ def run_in_group(warm: WarmGroup, job: TrialJob, d: Path) -> tuple[TrialResult, 
     if not why and None in done:
         why = result.reason or ("the processes ended" if code is not None else "no rank finished its teardown")
     warm.seq += 1
+    warm.idle = not why and warm.alive and all(x is not None and x["clean"] for x in done)
     return result, why
 
 
