@@ -424,3 +424,39 @@ def test_killing_with_no_grace_sends_no_sigterm(tmp_path):
     group.kill(grace=0.0)
     assert group.proc.returncode == -signal.SIGKILL and not handled.exists()
     assert group_members(group.proc.pid) == []
+
+
+def test_teardown_collects_until_the_engine_is_gone_and_no_further(tmp_path, monkeypatch):
+    """A full collection of a process holding torch and DeepSpeed takes about 0.2 s: teardown
+    makes the one that frees the engine (held in a reference cycle) and not another that would
+    find nothing."""
+    import gc
+    import types
+    import weakref
+
+    from zerotune.probe import _warm as probe_warm
+
+    class Engine:
+        def destroy(self):
+            pass
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    box = TrialSandbox(str(script))
+    box.enter()
+    engine = Engine()
+    engine.cycle = engine
+    probe = types.SimpleNamespace(engines=weakref.WeakSet([engine]), engine=engine, memory=None)
+    gone = weakref.ref(engine)
+    del engine
+    collections, collect = [], gc.collect
+    monkeypatch.setattr(probe_warm.gc, "collect", lambda *a: collections.append(collect(*a)) or collections[-1])
+    was_enabled = gc.isenabled()
+    gc.disable()  # only teardown's own collections may free the engine
+    try:
+        probe_warm.teardown(probe, box)
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert gone() is None
+    assert len(collections) == 1 and collections[0] > 0
