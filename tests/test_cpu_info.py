@@ -150,3 +150,24 @@ def test_deepspeed_reads_the_stored_answer(fake_cpuinfo, tmp_path):
     assert OpBuilder.simd_width(builder) == "-D__AVX512__"
     assert OpBuilder.cpu_arch(builder) == "-march=native"
     assert fake_cpuinfo.asked == 0
+
+
+def test_the_launcher_asks_once_per_results_folder_and_tells_the_ranks_where(tmp_path, monkeypatch):
+    from zerotune.launch import TrialJob
+    from zerotune.launch._local import LocalLauncher
+    from zerotune.settings import MeasureSettings
+    from zerotune.trial import TrialSpec
+
+    asked = []
+    monkeypatch.setattr(cpu_info, "_ask", lambda: asked.append(1) or INFO)
+    launcher = LocalLauncher(device="cpu")
+    envs = []
+    for results, name in ((tmp_path / "a", "z0_mb2_gas1"), (tmp_path / "a", "z1_mb2_gas1"), (tmp_path / "b", "z0_mb2_gas1")):
+        (results / name).mkdir(parents=True)
+        job = TrialJob(spec=TrialSpec(stage=0, micro_batch=2), trial_dir=results / name, script="train.py",
+                       script_args=[], local_rank_arg=False, num_gpus=2, budget=None, warmup_steps=1, min_steps=3,
+                       measure=MeasureSettings(trial_timeout=60, stall_timeout=30), work_dir=results)
+        envs.append(launcher.prepare(job)[1][cpu_info.ENV])
+    launcher.close()
+    assert envs == [str((tmp_path / d / cpu_info.FILE).resolve()) for d in "aab"]
+    assert len(asked) == 2 and cpu_info.read(envs[0]) == INFO and cpu_info.read(envs[2]) == INFO

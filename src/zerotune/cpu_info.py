@@ -38,10 +38,13 @@ def _ask() -> dict[str, Any] | None:
     return cpuinfo.get_cpu_info()
 
 
-def prefetch(path: Path, ask: Callable[[], dict[str, Any] | None] = _ask) -> threading.Thread:
-    """Ask in a background thread (the question waits on a subprocess, so the thread holds no
-    core) and write ``{"host", "info"}`` to ``path``; the thread, to join before the tuning ends."""
+def prefetch(path: Path, ask: Callable[[], dict[str, Any] | None] | None = None) -> threading.Thread:
+    """Ask (py-cpuinfo, or ``ask``) in a background thread (the question waits on a subprocess, so
+    the thread holds no core) and write ``{"host", "info"}`` to ``path``; the thread, to join
+    before the tuning ends."""
     from .store import write_atomic
+
+    ask = ask or _ask
 
     try:
         path.unlink()  # the last tuning's answer: never read for this one (a link goes, not its target)

@@ -29,8 +29,9 @@ class SupervisingLauncher(Launcher):
         self.device = device
         self._running: set[ProcessGroup] = set()
         self._lock = threading.Lock()
-        self._cpu_info: threading.Thread | None = None
-        """Asks DeepSpeed's question about the CPU once for the tuning's ranks (see cpu_info)."""
+        self._cpu_info: dict[Path, threading.Thread] = {}
+        """Per results folder, the thread that asks DeepSpeed's question about the CPU once for
+        the tuning's ranks (see cpu_info)."""
 
     @abc.abstractmethod
     def start(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> list[ProcessGroup]:
@@ -52,8 +53,8 @@ class SupervisingLauncher(Launcher):
         write_json(d / "probe.json", job.probe_spec(d))
         answer = (job.work_dir or d.parent).resolve() / cpu_info.FILE
         with self._lock:
-            if self._cpu_info is None:
-                self._cpu_info = cpu_info.prefetch(answer)
+            if answer not in self._cpu_info:
+                self._cpu_info[answer] = cpu_info.prefetch(answer)
         env = trial_env(job.num_gpus, self.device, {**job.env, **(extra_env or {}),
                                                     "ZEROTUNE_PROBE": str(d / "probe.json"),
                                                     TUNER_PID: str(os.getpid()), cpu_info.ENV: str(answer)})
@@ -97,8 +98,8 @@ class SupervisingLauncher(Launcher):
             running, self._running = list(self._running), set()
         for g in running:
             g.kill(grace=2.0)
-        if self._cpu_info is not None:
-            self._cpu_info.join(timeout=5.0)  # nothing is written into the results folder after the tuning
+        for asking in self._cpu_info.values():
+            asking.join(timeout=5.0)  # nothing is written into the results folder after the tuning
 
 
 def clear_rank_files(d: Path) -> None:
