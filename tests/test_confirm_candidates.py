@@ -115,3 +115,33 @@ def test_a_trial_ended_as_a_tie_is_confirmed_beside_the_pick(tuner_factory):
     assert result.best.spec.stage == 2
     row = next(x for x in summary_text(result).splitlines() if x.startswith("z2_mb8_gas4 "))
     assert "3 tied" in row
+
+
+def test_a_loser_stopped_against_a_figure_from_trials_before_joins_within_the_drift():
+    """Run 34b-1: the last trial, stopped after two steps at 37.5 against a settled 40.1 ± 1.2
+    from three trials before, led side by side by 6%: the machine drifted between the two windows,
+    which neither interval holds."""
+    lead = trial(0, 40.1, 0.03)
+    middle = [trial(1, 37.2, 0.05, lost_to=40.1), trial(2, 35.5, 0.2, lost_to=40.1)]
+    pruned = TrialResult(spec=TrialSpec(stage=3, micro_batch=8), state=TrialState.PRUNED)
+    late = TrialResult(spec=TrialSpec(stage=0, micro_batch=16), state=TrialState.OK,
+                       measurement=trial(0, 37.5, 0.048, lost_to=40.1).measurement)
+    order = [lead, *middle, pruned, late]
+    choice = choose_best(order, "throughput")
+    assert choice.best is lead and not choice.ties
+    got = candidates(choice, order, "throughput")
+    assert got.group == [lead, late] and got.doubted is late and got.against is lead
+    assert got.note() == ("z0_mb16_gas1 joined: it was stopped early against z0_mb8_gas1's figure, measured 2 "
+                          "trial(s) before it (the machine's drift over that time is in neither interval), "
+                          "and it is within 10% of z0_mb8_gas1's")
+    # Right after the leader (the pruned trial never ran), the early stop stands.
+    assert candidates(choose_best([lead, pruned, late], "throughput"), [lead, pruned, late],
+                      "throughput").group == [lead]
+    # Further behind than the drift allowance, it stays out: here stage 2 (11% behind) and a
+    # micro-batch 16 at 10.5%; stage 1, 7% behind with two trials before it, joins.
+    far = TrialResult(spec=TrialSpec(stage=0, micro_batch=16), state=TrialState.OK,
+                      measurement=trial(0, 35.9, 0.048, lost_to=40.1).measurement)
+    order = [lead, middle[1], far, middle[0]]
+    assert candidates(choose_best(order, "throughput"), order, "throughput").group == [lead, middle[0]]
+    order = [lead, middle[1], far]
+    assert candidates(choose_best(order, "throughput"), order, "throughput").group == [lead]

@@ -12,6 +12,13 @@ one); against one that did not, the loser nearest to it is measured again beside
 what the interleaved rounds are for. It joins only where its figure lies inside the leader's own
 interval (25.0 inside 27.4 ± 3.0 there), and only one does: a capped leader is common in a noisy
 hour, and each candidate costs a re-measurement or two.
+
+A settled figure is true of its own window only. Where other trials ran between the leader's and
+the loser's, the machine's drift over that time is in neither interval: in bench run 34b-1,
+``z0_mb16_gas2``, the last trial, was stopped after two steps at 37.5 samples/s against
+``z0_mb32_gas1``'s settled 40.1 ± 1.2 from three trials before, and measured side by side later
+it led in every round, by 6% at the median (the machine was 15-20% slower through the tuning
+than after it). Such a loser joins too where it is within DRIFT of the pick.
 """
 from __future__ import annotations
 
@@ -21,6 +28,11 @@ from .ranking import MAXIMIZE, Choice
 from .trial import TrialResult, TrialState
 
 MAX_CANDIDATES = 3
+DRIFT = 0.10
+"""How far behind the pick a loser stopped early against a figure from trials before may be and
+still join: the decision that drift reversed in run 34b-1 was 6.5% (the host ran 15-20% slower
+through that tuning than minutes after it). Further behind (11.5% in run 34-3, stage 1 against
+a tie of the pick), the pick's own interval and the tie's re-measurement leave it out."""
 
 
 @dataclass(kw_only=True)
@@ -30,28 +42,28 @@ class Candidates:
     doubted: TrialResult | None = None
     """The trial stopped early against an unsettled figure that joined, if any."""
     against: TrialResult | None = None
-    """The trial whose unsettled figure ``doubted`` was stopped against."""
+    """The trial whose figure ``doubted`` was stopped against."""
+    why: str = ""
+    """Why that figure is in doubt: it never settled, or it was measured trials before."""
 
     def note(self) -> str:
         """Why ``doubted`` is measured again ("" where none joined)."""
         if self.doubted is None or self.against is None:
             return ""
-        m = self.against.measurement
-        assert m is not None, "an unsettled figure is a measured one"
-        return (f"{self.doubted.name} joined: it was stopped early against {self.against.name}'s figure, "
-                f"which never settled (±{m.step_time_ci95 / m.step_time_mean:.0%} at its time cap)")
+        return f"{self.doubted.name} joined: it was stopped early against {self.against.name}'s figure, {self.why}"
 
 
 def candidates(choice: Choice, trials: list[TrialResult], metric: str) -> Candidates:
     """The configurations the confirmation of ``choice`` measures again (see the module's doc);
     a group of one (the pick alone) needs no confirmation."""
-    doubted, against = doubted_loser(choice, trials, metric)
+    doubted, against, why = doubted_loser(choice, trials, metric)
     others = choice.ties + ([doubted] if doubted is not None else [])
     group = ([choice.best] + sorted(others, key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric]))
     group = group[:MAX_CANDIDATES]
     if not any(r is doubted for r in group):
         doubted = against = None
-    return Candidates(group=group, doubted=doubted, against=against)
+        why = ""
+    return Candidates(group=group, doubted=doubted, against=against, why=why)
 
 
 def inside_interval(metric: str, r: TrialResult, against: TrialResult) -> bool:
@@ -69,22 +81,43 @@ def unsettled(r: TrialResult) -> bool:
     return r.state is TrialState.OK and m is not None and not m.stable and not m.early_stop
 
 
+def ran_between(trials: list[TrialResult], a: TrialResult, b: TrialResult) -> int:
+    """How many trials ran (any end but pruned) between ``a`` and ``b`` in ``trials``' order (0
+    where either is not among them)."""
+    names = [t.name for t in trials]
+    if a.name not in names or b.name not in names:
+        return 0
+    i, j = sorted((names.index(a.name), names.index(b.name)))
+    return sum(t.state is not TrialState.PRUNED for t in trials[i + 1:j])
+
+
 def doubted_loser(choice: Choice, trials: list[TrialResult],
-                  metric: str) -> tuple[TrialResult, TrialResult] | tuple[None, None]:
+                  metric: str) -> tuple[TrialResult, TrialResult, str] | tuple[None, None, str]:
     """The best trial stopped early against the figure of the pick or one of its ties where that
-    figure never settled, and inside that figure's own interval, with the trial it was stopped
-    against; (None, None) where there is none."""
+    figure is in doubt (see the module's doc), with the trial it was stopped against and why;
+    (None, None, "") where there is none."""
     leaders = [choice.best] + choice.ties
     names = {r.name for r in leaders}
-    found: list[tuple[TrialResult, TrialResult]] = []
+    best = choice.best.metric(metric)
+    found: list[tuple[TrialResult, TrialResult, str]] = []
     for r in trials:
         m = r.measurement
         if r.name in names or r.state is not TrialState.OK or m is None or not m.early_stop \
                 or m.lost_to is None or m.lost_to_metric != metric or r.metric(metric) is None:
             continue
         against = next((x for x in leaders if x.metric(metric) == m.lost_to), None)
-        if against is not None and unsettled(against) and inside_interval(metric, r, against):
-            found.append((r, against))
+        if against is None or against.metric(metric) is None:
+            continue
+        if unsettled(against) and inside_interval(metric, r, against):
+            ma = against.measurement
+            assert ma is not None, "an unsettled figure is a measured one"
+            found.append((r, against, f"which never settled (±{ma.step_time_ci95 / ma.step_time_mean:.0%} "
+                                      "at its time cap)"))
+        elif best is not None and (between := ran_between(trials, r, against)) \
+                and abs(best - r.metric(metric)) <= DRIFT * abs(best):
+            found.append((r, against, f"measured {between} trial(s) before it (the machine's drift over that "
+                                      f"time is in neither interval), and it is within {DRIFT:.0%} of "
+                                      f"{choice.best.name}'s"))
     if not found:
-        return None, None
-    return max(found, key=lambda pair: pair[0].metric(metric) * (1 if MAXIMIZE[metric] else -1))
+        return None, None, ""
+    return max(found, key=lambda f: f[0].metric(metric) * (1 if MAXIMIZE[metric] else -1))
