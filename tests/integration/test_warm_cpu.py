@@ -22,7 +22,7 @@ def cpu_accelerator(monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
 
 
-def job(tmp_path, name, stage, args, *, warm=True, max_seconds=2.0):
+def job(tmp_path, name, stage, args, *, warm=True, max_seconds=2.0, adaptive=False):
     d = tmp_path / name
     d.mkdir()
     cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
@@ -31,12 +31,17 @@ def job(tmp_path, name, stage, args, *, warm=True, max_seconds=2.0):
     return TrialJob(spec=TrialSpec(stage=stage, micro_batch=4), trial_dir=d, script=str(SCRIPT),
                     script_args=[*args, "--deepspeed_config", str(d / "ds_config.json")], local_rank_arg=True,
                     num_gpus=2, budget=None, warmup_steps=1, min_steps=3, config=cfg, warm=warm,
+                    adaptive_warmup=adaptive,
                     measure=MeasureSettings(max_seconds=max_seconds, precision=0.5, trial_timeout=600,
                                             stall_timeout=120))
 
 
 def done(tmp_path, group, seq, rank=0):
     return json.loads((tmp_path / "_warm" / f"slot0-{group}" / f"done{seq}.rank{rank}.json").read_text())
+
+
+def rank0(trial_dir):
+    return json.loads((trial_dir / "rank0.json").read_text())
 
 
 def losses(trial_dir):
@@ -52,17 +57,30 @@ def test_script_habits_keep_the_processes_warm_and_training_identical_to_cold(tm
         # processes a thread started must outlive it (Linux's parent-death signal is per thread).
         with ThreadPoolExecutor(max_workers=1) as phase:
             z3 = phase.submit(launcher.run, job(tmp_path, "z3", 3, habits)).result()
-        z1 = launcher.run(job(tmp_path, "z1", 1, habits))
+        z1 = launcher.run(job(tmp_path, "z1", 1, habits, adaptive=True))
         ends = launcher.run(job(tmp_path, "ends", 0, ["--exit-after", "3"], max_seconds=600))
+        again = launcher.run(job(tmp_path, "again", 1, habits, adaptive=True))
     finally:
         launcher.close()
     cold = LocalLauncher(device="cpu").run(job(tmp_path, "cold", 1, habits, warm=False))
-    for r in (z3, z1, ends, cold):
+    for r in (z3, z1, ends, again, cold):
         assert r.state is TrialState.OK, (r.name, r.reason)
     assert z3.start.startswith("cold (new warm processes") and not z3.retired
     assert z1.start == "warm (trial 2 of its processes)" and not z1.retired
     assert ends.start == "warm (trial 3 of its processes)" and "finished before" in ends.reason
     assert cold.start == "cold" and not cold.warm
+    # A later trial of the same program and ZeRO-3 or not takes the FLOPs an earlier one profiled,
+    # the same as a cold profile, and times its step 1 where it needs no more memory than an
+    # earlier trial of its processes held. ZeRO-3 profiles anew: the profiler counts its forward
+    # differently (twice the FLOPs here).
+    z3_flops, z1_flops = rank0(tmp_path / "z3"), rank0(tmp_path / "z1")
+    carried, profiled = rank0(tmp_path / "again"), rank0(tmp_path / "cold")
+    assert z1_flops["flops_note"].endswith("flops profiler") and z3_flops["flops_per_step"] != z1_flops["flops_per_step"]
+    assert "profiled them" in carried["flops_note"] and profiled["flops_note"].endswith("flops profiler")
+    assert carried["flops_per_step"] == profiled["flops_per_step"] == z1_flops["flops_per_step"] > 0
+    # (its DataLoader workers start in step 1 here, so the rule may still call it warm-up)
+    assert carried["first_step_from"] is not None
+    assert carried["warmup_steps"] + len(carried["intervals"]) == len(carried["times"])
     first = done(tmp_path, 1, 0)
     assert first["clean"] and first["destroyed_group"] and first["atexit_hooks"] >= 1 and first["children"] == 0
     assert "FWD_MODULE_STACK" in first["cleared"]  # ZeRO-3's leak, cleared

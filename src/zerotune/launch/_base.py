@@ -66,7 +66,8 @@ class TrialJob:
         """What zerotune.probe reads in each rank (probe.json): the script, its arguments and
         how to measure."""
         return {"mode": "measure", "script": self.script, "args": self.script_args,
-                "local_rank_arg": self.local_rank_arg, "out_dir": str(trial_dir), "budget": self.budget,
+                "local_rank_arg": self.local_rank_arg, "out_dir": str(trial_dir),
+                "results_dir": str((self.work_dir or trial_dir.parent).resolve()), "budget": self.budget,
                 "warmup_steps": self.warmup_steps, "adaptive_warmup": self.adaptive_warmup,
                 "min_steps": self.min_steps, "max_steps": self.max_steps,
                 "max_seconds": self.measure.max_seconds, "rel_ci": self.measure.precision, "to_beat": self.to_beat,

@@ -13,6 +13,7 @@ from typing import Any
 from ..step_stats import (MICRO_STEPS_FROM, Figure, Samples, estimate_is_stable, is_stable, settle_verdict,
                           slower_beyond, split_disturbed, step_estimate, step_estimate_df, summarize, t95_df)
 from ..store import write_json
+from ._history import ProcessHistory
 from ._memory import MemoryReader
 
 
@@ -31,11 +32,12 @@ MAX_WARMUP = 10
 
 
 def settled_at(times: list[float], limit: int = MAX_WARMUP) -> int | None:
-    """Adaptive warm-up: the number of optimizer steps before timing starts, given when each step
-    ended. The first step (one-time costs: compilation, caches, the allocator) is always warm-up;
-    after it, warm-up ends at the first step whose time is not more than WARMING slower than the
-    median of the step times after it, timed from there. None while nothing has settled yet
-    (and fewer than ``limit`` steps ran)."""
+    """Adaptive warm-up: how many of ``times`` come before the first timed step's end, given when
+    each step ended (and, where step 1 may be timed, first when it began; see
+    StepProbe.marks). Warm-up ends at the first step whose time is not more than WARMING slower
+    than the median of the step times after it, timed from there: without that first mark, step
+    1 (one-time costs: compilation, caches, the allocator) has no time and always warms up. None
+    while nothing has settled yet (and fewer than ``limit`` steps ran)."""
     durations = [b - a for a, b in zip(times, times[1:])]
     for i in range(len(durations) - 1):
         if durations[i] * (1 - WARMING) <= statistics.median(durations[i + 1:]):
@@ -43,6 +45,11 @@ def settled_at(times: list[float], limit: int = MAX_WARMUP) -> int | None:
         if i + 1 >= limit:
             return limit
     return None
+
+
+def count_params(engine) -> int:
+    """The model's parameters (ZeRO-3's partitioned ones at their whole size)."""
+    return sum(int(getattr(p, "ds_numel", p.numel())) for p in engine.module.parameters())
 
 
 def _first_tensor(args, kwargs, torch):
@@ -74,7 +81,8 @@ class StepProbe:
     the process serves further trials, so the probe stops the script by raising
     :class:`TrialStop` rather than ending the process."""
 
-    def __init__(self, spec: dict[str, Any], rank: int, *, warm: bool = False):
+    def __init__(self, spec: dict[str, Any], rank: int, *, warm: bool = False,
+                 history: ProcessHistory | None = None):
         import torch
 
         self.torch = torch
@@ -88,6 +96,13 @@ class StepProbe:
         self.out = Path(spec["out_dir"])
         self.times: list[float] = []
         """When each optimizer step (gradient-accumulation boundary) ended."""
+        self.ready: float | None = None
+        """When the engine was built, where step 1 is timed from (see marks); None where step 1
+        is warm-up whatever its time: a cold process's (one-time costs, and its flops profile)."""
+        self.history = history
+        """What this warm process's earlier trials left (see ProcessHistory); None: a cold
+        process, which profiles and never times step 1."""
+        self._flops_key: tuple | None = None
         self.micro_ends: list[tuple[float, bool]] = []
         """When each micro-step (forward, backward, engine.step) ended, and whether it was a boundary."""
         self.static_memory: int | None = None
@@ -123,16 +138,53 @@ class StepProbe:
             self.memory = MemoryReader(engine.device.type if hasattr(engine.device, "type") else
                                        str(engine.device).split(":")[0], self.torch)
             self.static_memory = self.memory.current()
+            if self.memory.kind != "cpu-rss":
+                self.ready = None  # each trial empties the device's cache: step 1 fills it again
             tensor = _first_tensor(args, kwargs, self.torch)
             if tensor is not None and tensor.dim() >= 1:
                 self.observed_batch = int(tensor.shape[0])
                 if tensor.dim() == 2 and not tensor.is_floating_point():
                     self.tokens_per_sample = int(tensor.shape[1])
+                if self.history is not None:
+                    self._flops_key = ProcessHistory.flops_key(
+                        self.spec, tuple(tensor.shape[1:]), str(tensor.dtype), count_params(engine),
+                        zero3=engine.zero_optimization_stage() == 3)
+            self._carry_flops()
         # Profile one forward during warm-up (the second optimizer step when there are two fixed
-        # warm-up steps, else the first, which is always warm-up), never in a timed step.
+        # warm-up steps, else the first, which is then warm-up), never in a timed step.
         first = 0 if self.spec.get("adaptive_warmup") else min(1, self.spec["warmup_steps"] - 1)
-        return (self.spec.get("profile_flops", True) and self.flops_note == "not profiled"
-                and len(self.times) == first)
+        profile = (self.spec.get("profile_flops", True) and self.flops_note == "not profiled"
+                   and len(self.times) == first)
+        if profile:
+            self.ready = None  # a profiled step is never timed: step 1 warms up (see marks)
+        return profile
+
+    def _carry_flops(self) -> None:
+        """Take this program's forward FLOPs from an earlier trial of this process where it has
+        them (see ProcessHistory), so that step 1 runs unprofiled and may be timed."""
+        if self._flops_key is None or self.history is None or not self.spec.get("profile_flops", True) \
+                or not self.spec.get("adaptive_warmup"):
+            return
+        known = self.history.flops(self._flops_key)
+        if known is None or not self.observed_batch:
+            return
+        per_sample, batch = known
+        self.fwd_flops = per_sample * self.observed_batch
+        self.flops_note = (f"3 x forward FLOPs from DeepSpeed's flops profiler, per sample as an earlier trial "
+                           f"in these processes profiled them (batch {batch})")
+
+    def profiled(self, fwd_flops: float) -> None:
+        """The flops profiler's count of this trial's profiled forward."""
+        self.fwd_flops = fwd_flops
+        self.flops_note = "3 x forward FLOPs from DeepSpeed's flops profiler"
+        if self.history is not None and self._flops_key is not None and self.observed_batch:
+            self.history.profiled(self._flops_key, fwd_flops, self.observed_batch)
+
+    def engine_built(self) -> None:
+        """A DeepSpeed engine finished building: step 1 of a warm process's later trial may be
+        timed from here (see marks). The last engine built before the first step counts."""
+        if not self.times and self.history is not None and self.spec.get("adaptive_warmup"):
+            self.ready = time.perf_counter()
 
     def after_micro(self, engine) -> None:
         """Called after every micro-step that is not a gradient-accumulation boundary."""
@@ -153,6 +205,9 @@ class StepProbe:
         self.beat()
         if len(self.times) == 1:
             self._check_config(engine)
+            if self.ready is not None and self.history is not None and self.memory is not None \
+                    and self.history.grew(self.memory.peak()):
+                self.ready = None  # it paid for memory no earlier trial held (see ProcessHistory)
         over_budget = self._over_budget()
         stop = self.rank == 0 and self._measured_enough()
         flags = self.torch.tensor([float(stop), float(over_budget)], device=self._flag_device())
@@ -169,19 +224,33 @@ class StepProbe:
             self.finish("ok", "")
 
     # -- decisions ---------------------------------------------------------------------------
-    def warmup(self) -> int:
-        """Optimizer steps of warm-up: the fixed count asked for (start_profile_step), or, where
-        the user left it, as many as step times need to settle (see settled_at); until they
-        have, every step so far."""
+    def marks(self) -> list[float]:
+        """What step times are read from: when each optimizer step ended, after when the engine
+        was built where step 1 may be timed (``ready``: a warm process's later trial, with its
+        flops carried; its one-time costs were paid by the process's first trial). Timing step 1
+        from the build, not from the first forward, counts what a step holds besides the passes
+        (the first batch loaded, whatever the script does before its loop): a step 1 so slowed
+        warms up under the same rule as any step."""
+        return ([self.ready] if self.ready is not None else []) + self.times
+
+    def _first_timed(self) -> int:
+        """Index into marks() of the first timed step's start."""
         if not self.spec.get("adaptive_warmup"):
             return max(1, self.spec["warmup_steps"])
+        marks = self.marks()
         if self._warmup is None:
-            self._warmup = settled_at(self.times)
-        return self._warmup if self._warmup is not None else max(1, len(self.times))
+            self._warmup = settled_at(marks, MAX_WARMUP + (self.ready is not None))
+        return self._warmup if self._warmup is not None else max(1, len(marks))
+
+    def warmup(self) -> int:
+        """Optimizer steps of warm-up: the fixed count asked for (start_profile_step), or, where
+        the user left it, as many as step times need to settle (see settled_at; none where step 1
+        is timed and settled); until they have, every step so far."""
+        return self._first_timed() - (self.ready is not None)
 
     def intervals(self) -> list[float]:
-        t = self.times
-        return [t[i] - t[i - 1] for i in range(self.warmup(), len(t))]
+        t = self.marks()
+        return [t[i] - t[i - 1] for i in range(self._first_timed(), len(t))]
 
     def timed(self) -> Samples:
         """What the step time is estimated from, with any disturbance left out (split_disturbed):
@@ -192,7 +261,7 @@ class StepProbe:
 
     def parts(self) -> tuple[list[float], list[float]]:
         """Durations of the plain and the boundary micro-steps after warm-up."""
-        warmup, seen, plain, boundary, prev = self.warmup(), 0, [], [], None
+        warmup, seen, plain, boundary, prev = self.warmup(), 0, [], [], self.ready
         for t, is_boundary in self.micro_ends:
             if seen >= warmup:
                 (boundary if is_boundary else plain).append(t - prev)
@@ -237,7 +306,8 @@ class StepProbe:
 
     def _measured_enough(self) -> bool:
         iv = self.intervals()
-        measuring = self.times[-1] - self.times[min(len(self.times), self.warmup()) - 1]
+        marks = self.marks()
+        measuring = marks[-1] - marks[min(len(marks), self._first_timed()) - 1]
         if self._stable(iv):
             done = True
         elif self._cannot_win(iv):
@@ -355,7 +425,7 @@ class StepProbe:
         num_params = None
         samples_per_step = None
         if engine is not None:
-            num_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in engine.module.parameters())
+            num_params = count_params(engine)
             samples_per_step = engine.train_batch_size()
             gas = engine.gradient_accumulation_steps()
         return {
@@ -363,6 +433,8 @@ class StepProbe:
             # The best trial's figure it was shown unable to beat (see _cannot_win).
             "lost_to": self.spec["to_beat"] if self.early_stop else None,
             "times": self.times, "intervals": self.intervals(), "warmup_steps": self.warmup(),
+            # Where step 1 was timed from (see marks); None where it was warm-up.
+            "first_step_from": self.ready,
             "adaptive_warmup": bool(self.spec.get("adaptive_warmup")),
             # From accumulation MICRO_STEPS_FROM, the step time estimated from its micro-steps; else None
             # (whole steps).
@@ -389,6 +461,8 @@ class StepProbe:
             return
         write_json(self.out / f"rank{self.rank}.json", self.report(state, reason))
         self.finished = (state, code)
+        if self.history is not None and self.memory is not None and self.memory.kind == "cpu-rss":
+            self.history.ended(self.memory.peak())
         sys.stdout.flush()
         sys.stderr.flush()
 
@@ -414,7 +488,9 @@ def install(probe: StepProbe) -> None:
 
     def init(self, *args, **kwargs):
         probe.engines.add(self)
-        return orig_init(self, *args, **kwargs)
+        out = orig_init(self, *args, **kwargs)
+        probe.engine_built()
+        return out
 
     def forward(self, *args, **kwargs):
         if probe.finished is not None:  # a script that caught the stop and trains on
@@ -431,8 +507,7 @@ def install(probe: StepProbe) -> None:
             return orig_forward(self, *args, **kwargs)
         try:
             out = orig_forward(self, *args, **kwargs)
-            probe.fwd_flops = float(prof.get_total_flops())
-            probe.flops_note = "3 x forward FLOPs from DeepSpeed's flops profiler"
+            probe.profiled(float(prof.get_total_flops()))
         finally:
             prof.end_profile()
         return out

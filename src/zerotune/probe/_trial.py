@@ -9,6 +9,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ._history import ProcessHistory
 from ._hooks import StepProbe, TrialStop, install
 
 
@@ -31,15 +32,17 @@ def run_script(spec: dict[str, Any], local_rank: int) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-def run_measured(spec: dict[str, Any], rank: int, local_rank: int, *, warm: bool = False) -> tuple[StepProbe, str]:
+def run_measured(spec: dict[str, Any], rank: int, local_rank: int, *, warm: bool = False,
+                 history: ProcessHistory | None = None) -> tuple[StepProbe, str]:
     """Runs one measured trial. Cold: the process ends here, with the trial. Warm: returns the
     probe and "" when the script ended cleanly (the probe stopped it, or it ended on its own),
-    else why this process must not serve another trial (its result is written either way)."""
+    else why this process must not serve another trial (its result is written either way).
+    ``history``: what the warm process's earlier trials left (see ProcessHistory)."""
     import faulthandler
 
     redirect(Path(spec["out_dir"]), f"rank{rank}")
     faulthandler.enable()  # a segfault leaves its signal and Python stack in rank<N>.stderr
-    probe = StepProbe(spec, rank, warm=warm)
+    probe = StepProbe(spec, rank, warm=warm, history=history)
     install(probe)
     if spec.get("lightning_config"):
         from ._lightning import install_trial

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..store import write_json
+from ._history import ProcessHistory
 from ._memory import current_rss, device_in_use, reset_peak
 from ._sandbox import TrialSandbox, clear_deepspeed_caches, clear_library_state
 from ._trial import redirect, run_measured
@@ -157,7 +158,7 @@ def serve(pool: Path, rank: int, local_rank: int) -> None:
     import torch
 
     redirect(pool, f"rank{rank}")
-    leaks, seq = LeakCheck(), 0
+    leaks, seq, history = LeakCheck(), 0, ProcessHistory()
     while True:
         order = _next_order(pool / f"order{seq}.json")
         if order.get("exit"):
@@ -173,7 +174,7 @@ def serve(pool: Path, rank: int, local_rank: int) -> None:
         sandbox = TrialSandbox(spec["script"])
         sandbox.enter()
         os.environ["ZEROTUNE_PROBE"] = order["probe"]  # as a cold trial's ranks see it (restored after)
-        probe, why = run_measured(spec, rank, local_rank, warm=True)
+        probe, why = run_measured(spec, rank, local_rank, warm=True, history=history)
         ended = time.monotonic()
         sys.stdout.flush()
         sys.stderr.flush()
