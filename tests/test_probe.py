@@ -417,3 +417,14 @@ def test_measuring_on_settles_more_ties_and_rarely_a_wrong_one(probe_factory, tm
     assert stats["measure on", 0.0][0] >= 0.8 and stats["measure on", 0.0][0] >= stats["window", 0.0][0] + 0.15, stats
     assert stats["measure on", 0.0][2] < stats["window", 0.0][2] + 1.0, stats
     assert stats["measure on", 0.05][1] <= stats["window", 0.05][1] + 0.03, stats
+
+
+def test_the_time_cap_is_never_passed_by_a_step_it_could_foresee(probe_factory, tmp_path):
+    # Steps of 1.65 s on average against a 10 s cap: six (9.9 s), not the seventh that would end
+    # at 11.55 s.
+    steps = [1.6, 1.7] * 6
+    probe = probe_factory(clock(steps), warmup_steps=1, max_seconds=10.0, rel_ci=1e-6)
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), len(steps))
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert len(out["intervals"]) == 6 and sum(out["intervals"]) <= 10.0

@@ -15,8 +15,9 @@ class MeasureSettings:
     precision: float = 0.03
     """Stop measuring once the 95% interval of the mean step time is within this fraction of it."""
     max_seconds: float = 10.0
-    """Measure at most this long (then the trial is marked capped, its interval as measured),
-    once it has the fewest timed steps a trial may settle on (end_profile_step -
+    """Measure at most this long (then the trial is marked capped, its interval as measured; it
+    ends before a step that, at its mean step time so far, would end past it), once it has the
+    fewest timed steps a trial may settle on (end_profile_step -
     start_profile_step, at least 3; two where the step is estimated from micro-steps): a slow
     job's trials take those steps however long they are. Longer buys a separate trial little:
     one config's trials minutes apart read 4-7% apart on a shared machine, beyond a 3%
