@@ -17,7 +17,7 @@ figure per sample an earlier trial profiled in this process, scaled to its own b
 Except where step 1 needed more memory than any earlier trial of the process held: the first
 trial at micro-batch 32 after one at 8 ran steps of 2.14 and 2.14 s, then 1.80 s (its pages
 faulted in for the first time). Two equal slow steps look settled, and would have stopped it
-early 15% slow; such a step 1 warms up, and the rule for later steps judges its step 2.
+early 16% slow; such a step 1 warms up, and the rule for later steps judges its step 2.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ memory none of them did."""
 
 
 class ProcessHistory:
-    """Per warm process: forward FLOPs per sample profiled, by what they depend on (see key),
+    """Per warm process: forward FLOPs per sample profiled, by what they depend on (see flops_key),
     and the highest peak memory (RSS) of its trials so far."""
 
     def __init__(self) -> None:
