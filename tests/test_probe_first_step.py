@@ -69,7 +69,7 @@ def test_a_step_1_to_profile_warms_up(probe_factory, tmp_path):
 
 
 def test_step_1_that_needed_new_memory_warms_up_and_so_may_step_2(probe_factory, tmp_path):
-    # The first trial at a larger micro-batch (run 36): steps of 2.14 and 2.14 s, then 1.8 s.
+    # The first trial at a larger micro-batch (measured at stop 36): steps of 2.14 and 2.14 s, then 1.8 s.
     # Timed from step 1 the two equal slow steps look settled; with step 1 warm-up, step 2 is
     # judged against the steps after it, and warms up too.
     probe = warm_probe(probe_factory, tmp_path, [0.0] + clock([2.14, 2.14] + [1.8] * 10, start=5.0), high_water=1)
@@ -110,6 +110,12 @@ def test_the_flops_key_reads_any_trial_s_files_as_the_same(tmp_path):
     assert a != key(spec("z0_mb8_gas4"), shape=(128,))  # longer samples
     assert a != key(spec("z0_mb8_gas4"), params=101)
     assert a != key(spec("z3_mb8_gas4"), zero3=True)  # ZeRO-3's forward counts differently
+    # a file beside the results folder whose name starts like it is an argument like any other
+    beside = {**spec("z0_mb8_gas4"), "args": ["--data", str(tmp_path / "res_data.bin")]}
+    other = {**beside, "args": ["--data", str(tmp_path / "res_other.bin")]}
+    assert key(beside) != key(other)
+    assert key({**beside, "args": [f"--deepspeed_config={results / 'a' / 'ds.json'}"]}) == key(
+        {**beside, "args": [f"--deepspeed_config={results / 'b' / 'ds.json'}"]})
 
 
 def test_the_high_water_mark_is_the_highest_trial_peak():

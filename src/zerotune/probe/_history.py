@@ -21,6 +21,7 @@ early 16% slow; such a step 1 warms up, and the rule for later steps judges its 
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 GREW = 0.01
@@ -43,11 +44,13 @@ class ProcessHistory:
         """What a forward's profiled cost per sample depends on: the program and its arguments (a
         value naming a file in the results folder, a trial's ds_config, read as the same), the
         model's size, one sample's shape and type, and whether ZeRO-3 runs the forward."""
-        own = str(spec.get("results_dir") or spec["out_dir"])
+        own = str(spec.get("results_dir") or spec["out_dir"]).rstrip(os.sep)
 
         def same(value: Any) -> str:
+            # A path in the folder, alone or as an option's value (--deepspeed_config=PATH); not
+            # a name that merely starts like it (/tmp/r against /tmp/rabbit.txt).
             text = str(value)
-            return "<results file>" if own in text else text
+            return "<results file>" if own + os.sep in text else text
 
         env = sorted((k, same(v)) for k, v in (spec.get("env") or {}).items())
         return (spec["script"], tuple(same(a) for a in spec.get("args") or []), same(spec.get("lightning_config")),
