@@ -8,6 +8,9 @@ from zerotune.launch import Launcher, TrialJob
 from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
 
 MIB = 1024**2
+TIGHT_MEMORY = "4608MiB"
+"""A budget near the default FakeMachine's stage 1 peak at micro-batch 8 (3800 MiB, 82% of it):
+where memory headroom is weighed against speed (see ranking.headroom_matters)."""
 
 
 @dataclass

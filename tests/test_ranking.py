@@ -61,6 +61,22 @@ def test_headroom_wins_only_where_its_cost_is_shown_within_the_margin():
     assert choice.best is fast and "its cost is unknown" in choice.note
 
 
+def test_headroom_is_weighed_only_where_the_fastest_s_peak_is_near_the_budget():
+    # The same pair as above, shown within the margin: headroom wins where the fastest's peak is
+    # 90% of the budget or the budget is unknown; at 45% of it, the fastest stands, and says why.
+    fast = trial(1, 2.00, 0.02, peak=900)
+    lean = trial(2, 2.03, 0.03, peak=500)
+    lean = replace(lean, measurement=replace(lean.measurement, steps_measured=8))
+    assert most_faster(fast, lean, "throughput") <= TIE_MARGIN
+    near = [replace(fast, budget=1000), replace(lean, budget=1000)]
+    assert choose_best(near, "throughput").best is near[1]
+    assert choose_best([fast, lean], "throughput").best is lean
+    roomy = [replace(fast, budget=2000), replace(lean, budget=2000)]
+    choice = choose_best(roomy, "throughput")
+    assert choice.best is roomy[0] and choice.ties == [roomy[1]]
+    assert "z1_mb8_gas1's peak is 45% of the memory budget, below the 75% where headroom is weighed" in choice.note
+
+
 def test_why_a_trial_stopped_early_lost_names_the_test_that_decided(tmp_path):
     # Within the two-sided noise of the best, but shown by its probe unable to beat it: the
     # reason says what decided, never "the order is not certain" (which would call for a

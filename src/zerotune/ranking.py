@@ -12,6 +12,12 @@ TIE_MARGIN = 0.03
 """Headroom may win over speed only where it is shown to cost at most this much (see
 headroom_costs_little): a wide interval makes many configs statistically tied, but trading a
 possibly 10% slower config for headroom is a bad bet."""
+HEADROOM_MATTERS = 0.75
+"""Headroom is weighed only where the fastest config's peak is at least this share of the memory
+budget (see headroom_matters): below it, the fastest already leaves a quarter of the memory free,
+and more buys the user nothing worth up to TIE_MARGIN of their training speed. (On CPU, with
+peaks of about 1 GiB against a 12 GiB budget, the rule picked micro-batch 8 whenever it tied
+with a micro-batch 16 that fresh processes measured 1-2% faster: headroom no run could use.)"""
 
 
 def better(metric: str, a: float, b: float) -> bool:
@@ -75,6 +81,15 @@ def headroom_costs_little(metric: str, r: TrialResult, top: TrialResult) -> bool
     return tied_with(metric, r, top) and most_faster(top, r, metric) <= TIE_MARGIN
 
 
+def headroom_matters(top: TrialResult) -> bool:
+    """Whether memory headroom may be weighed against ``top``'s speed: its peak is near the
+    budget (at least HEADROOM_MATTERS of it), where a longer run's fragmentation, an evaluation
+    step or a longer batch may take what the trial left free. Where the peak or the budget is
+    unknown, it may (the cautious answer)."""
+    peak, budget = top.max_peak, top.budget
+    return not peak or not budget or peak >= HEADROOM_MATTERS * budget
+
+
 @dataclass
 class Choice:
     best: TrialResult
@@ -85,15 +100,17 @@ class Choice:
 
 def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
     """The best OK trial. Among trials within noise of the top one, the one with the most
-    memory headroom (lowest peak) wins where its cost is shown small (headroom_costs_little),
-    and the note says so. A trial shown worse by its probe (see shown_worse) is not tied with
-    one at least as good as what it lost to."""
+    memory headroom (lowest peak) wins where its cost is shown small (headroom_costs_little)
+    and the top one's peak is near the budget (headroom_matters), and the note says so. A trial
+    shown worse by its probe (see shown_worse) is not tied with one at least as good as what it
+    lost to."""
     ok = [r for r in results if r.state is TrialState.OK and r.metric(metric) is not None]
     if not ok:
         return None
     ok.sort(key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric])
     top = ok[0]
-    tied = [r for r in ok if r is top or headroom_costs_little(metric, r, top)]
+    weighed = headroom_matters(top)
+    tied = [r for r in ok if r is top or (weighed and headroom_costs_little(metric, r, top))]
     best = min(tied, key=lambda r: (r.max_peak or 0, ok.index(r)))
     ties = [r for r in ok if r is not best and tied_with(metric, r, best)]
     note = ""
@@ -105,7 +122,12 @@ def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
         note = (f"{len(ties)} other trial(s) within noise of {best.name}: " + ", ".join(r.name for r in ties)
                 + "; the choice between them is not certain")
         leaner = [r for r in ties if (r.max_peak or 0) < (best.max_peak or 0)]
-        if leaner:
+        if leaner and not weighed:
+            lean = min(leaner, key=lambda r: r.max_peak or 0)
+            share = (best.max_peak or 0) / (best.budget or 1)
+            note += (f"; {lean.name} has more memory headroom, but {best.name}'s peak is {share:.0%} of the memory "
+                     f"budget, below the {HEADROOM_MATTERS:.0%} where headroom is weighed, so the fastest stands")
+        elif leaner:
             lean = min(leaner, key=lambda r: r.max_peak or 0)
             bound = most_faster(best, lean, metric)
             cost = (f"it may be up to {bound:.1%} slower (95%)" if math.isfinite(bound)
