@@ -58,7 +58,7 @@ def test_the_choice_is_shown_with_the_figures_it_was_made_on(tuner_factory):
 
     first = FakeMachine(speed={1: 1.01, 2: 1.0}, rel_ci=0.015)
     again = FakeMachine(speed={1: 1.3, 2: 1.05}, rel_ci=0.01)
-    tuner = tuner_factory(launcher=DriftingLauncher(first, again), memory=TIGHT_MEMORY,
+    tuner = tuner_factory(launcher=DriftingLauncher(first, again),
                           config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
     result = tuner.tune()
     loaded = load_results(tuner.results_dir)
@@ -81,7 +81,7 @@ def confirm_jobs(tuner_factory, again_ci, again_speed):
     launcher = DriftingLauncher(FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05),
                                 FakeMachine(speed={1: again_speed, 2: 1.0}, rel_ci=again_ci))
     tuner = tuner_factory(launcher=launcher, memory=TIGHT_MEMORY, config={"zero_optimization": {"stage": [1, 2]},
-                                                     "train_micro_batch_size_per_gpu": 8})
+                                                                   "train_micro_batch_size_per_gpu": 8})
     result = tuner.tune()
     note = next(n for n in result.notes if n.startswith("confirmed:"))
     return [j.spec.name for j in launcher.jobs if j.trial_dir.name.startswith("confirm")], note, result

@@ -122,13 +122,12 @@ def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
         note = (f"{len(ties)} other trial(s) within noise of {best.name}: " + ", ".join(r.name for r in ties)
                 + "; the choice between them is not certain")
         leaner = [r for r in ties if (r.max_peak or 0) < (best.max_peak or 0)]
-        if leaner and not weighed:
-            lean = min(leaner, key=lambda r: r.max_peak or 0)
+        lean = min(leaner, key=lambda r: r.max_peak or 0) if leaner else None
+        if lean is not None and not weighed:
             share = (best.max_peak or 0) / (best.budget or 1)
             note += (f"; {lean.name} has more memory headroom, but {best.name}'s peak is {share:.0%} of the memory "
                      f"budget, below the {HEADROOM_MATTERS:.0%} where headroom is weighed, so the fastest stands")
-        elif leaner:
-            lean = min(leaner, key=lambda r: r.max_peak or 0)
+        elif lean is not None:
             bound = most_faster(best, lean, metric)
             cost = (f"it may be up to {bound:.1%} slower (95%)" if math.isfinite(bound)
                     else "its cost is unknown (a measurement of one timed step has no interval)")
