@@ -8,16 +8,19 @@ import pytest
 
 from probe_fakes import Exited, FakeEngine, clock, drive
 from zerotune.probe import _hooks
-from zerotune.probe._history import ProcessHistory
+from zerotune.probe._history import ProcessHistory, zero_setup
 
 BATCH_SHAPE, DTYPE = (16,), "torch.int64"  # what probe_fakes.drive feeds each forward: 4 x 16 token ids
 
 
-def warm_probe(probe_factory, tmp_path, ticks, *, profiled=True, high_water=1 << 50, **spec):
-    """A probe in a warm process whose earlier trial profiled this program at batch 2 (10 FLOPs a
-    sample) and held ``high_water`` bytes at most; ``ticks``: the clock, from the probe's start."""
+def warm_probe(probe_factory, tmp_path, ticks, *, profiled=True, high_water=1 << 50, stages=(2,), **spec):
+    """A probe in a warm process whose earlier trials profiled this program at batch 2 (10 FLOPs a
+    sample), held ``high_water`` bytes at most and ran ZeRO ``stages`` (FakeEngine's is 2, no
+    offload); ``ticks``: the clock, from the probe's start."""
     history = ProcessHistory()
     history.ended(high_water)
+    for stage in stages:
+        history.ran((stage, False, False))
     spec = {"adaptive_warmup": True, "profile_flops": True, "results_dir": str(tmp_path), "script": "train.py",
             "args": ["--deepspeed_config", str(tmp_path / "ds_config.json")], **spec}
     probe = probe_factory(ticks, history=history, **spec)
@@ -76,6 +79,36 @@ def test_step_1_that_needed_new_memory_warms_up_and_so_may_step_2(probe_factory,
     out = run(probe, 12)
     assert out["first_step_from"] is None and out["warmup_steps"] == 2
     assert all(abs(i - 1.8) < 1e-9 for i in out["intervals"])
+
+
+def test_the_first_trial_of_a_zero_stage_in_the_process_warms_up_step_1_and_its_slow_step_2(
+        probe_factory, tmp_path):
+    # z1_mb32_gas1 after stage 0's trials in run 39-3: 1.97, 2.31, 1.87 s. Timed from step 1 the
+    # slow step 2 stays in (step 1 looks settled against it); with step 1 warm-up, step 2 is
+    # judged against the steps after it and warms up too.
+    ticks = [0.0] + clock([1.97, 2.31] + [1.87] * 10, start=5.0)
+    out = run(warm_probe(probe_factory, tmp_path, ticks, stages=(0, 1)), 12)
+    assert out["first_step_from"] is None and out["warmup_steps"] == 2
+    assert all(abs(i - 1.87) < 1e-9 for i in out["intervals"])
+    # the same steps where the process ran stage 2 before: step 1 is timed, and step 2 with it
+    ticks = [0.0] + clock([1.97, 2.31] + [1.87] * 40, start=5.0)  # the slow step keeps it from settling soon
+    out = run(warm_probe(probe_factory, tmp_path / "seen", ticks, stages=(0, 2)), 42)
+    assert out["first_step_from"] == 5.0 and out["warmup_steps"] == 0
+    assert out["intervals"][:2] == pytest.approx([1.97, 2.31])
+
+
+def test_the_setup_is_recorded_when_a_trial_ends(probe_factory, tmp_path):
+    probe = warm_probe(probe_factory, tmp_path, [0.0] + clock([1.0] * 10, start=5.0), stages=())
+    assert probe.history.new_setup((2, False, False))
+    run(probe, 10)
+    assert not probe.history.new_setup((2, False, False)) and probe.history.new_setup((3, False, False))
+
+
+def test_a_zero_setup_is_its_stage_and_what_it_offloads():
+    engine = SimpleNamespace(zero_optimization_stage=lambda: 3, zero_offload_optimizer=lambda: {"device": "cpu"},
+                             zero_offload_param=lambda: None)
+    assert zero_setup(engine) == (3, True, False)
+    assert zero_setup(SimpleNamespace(zero_optimization_stage=lambda: 1)) == (1, False, False)
 
 
 def test_on_a_gpu_step_1_warms_up(probe_factory, tmp_path, monkeypatch):

@@ -18,6 +18,16 @@ Except where step 1 needed more memory than any earlier trial of the process hel
 trial at micro-batch 32 after one at 8 ran steps of 2.14 and 2.14 s, then 1.80 s (its pages
 faulted in for the first time). Two equal slow steps look settled, and would have stopped it
 early 16% slow; such a step 1 warms up, and the rule for later steps judges its step 2.
+
+And except where the process had not yet run an engine of the trial's ZeRO setup (its stage,
+and whether it offloads): the first trial of a new stage after others ran a slow step 2 in 11 of
+13 such trials in the bench runs of stops 38 and 39 (1.97, 2.31, 1.87 s; 1.88, 2.32, 1.97 s;
+2.25, 3.13, 2.85 s), while later trials of a stage the process had run showed none (1.68, 1.71,
+1.73 s). Timed from step 1, that one slow step widened a trial of three steps to ±28%, within
+noise of a leader it trailed by 12%, so the search went on to the stage's smaller micro-batches
+and the confirmation measured them again (run 39-3: 8 trials and 6 re-measurements instead of 5
+and 1-3). Its step 1 warms up instead, so the warm-up rule judges step 2 against the steps
+after it.
 """
 from __future__ import annotations
 
@@ -37,6 +47,8 @@ class ProcessHistory:
         self._flops: dict[tuple, tuple[float, int]] = {}
         self.high_water = 0
         """The highest peak RSS of this process's trials so far (0 before the first ends)."""
+        self._setups: set[tuple] = set()
+        """The ZeRO setups (see zero_setup) of the engines this process's trials ran."""
 
     @staticmethod
     def flops_key(spec: dict[str, Any], sample_shape: tuple[int, ...], dtype: str, num_params: int,
@@ -71,3 +83,21 @@ class ProcessHistory:
     def ended(self, peak: int) -> None:
         """A trial of this process ended with this peak RSS."""
         self.high_water = max(self.high_water, peak)
+
+    def new_setup(self, setup: tuple) -> bool:
+        """No earlier trial of this process ran an engine of this ZeRO setup (see zero_setup)."""
+        return setup not in self._setups
+
+    def ran(self, setup: tuple) -> None:
+        """A trial of this process ran an engine of this ZeRO setup."""
+        self._setups.add(setup)
+
+
+def zero_setup(engine: Any) -> tuple:
+    """What a DeepSpeed engine's buffers and code paths depend on besides the batch: its ZeRO
+    stage, and whether it offloads the optimizer states and the parameters."""
+    def offloads(name: str) -> bool:
+        method = getattr(engine, name, None)
+        return callable(method) and method() is not None
+
+    return (engine.zero_optimization_stage(), offloads("zero_offload_optimizer"), offloads("zero_offload_param"))

@@ -13,7 +13,7 @@ from typing import Any
 from ..step_stats import (MICRO_STEPS_FROM, Figure, Samples, estimate_is_stable, is_stable, settle_verdict,
                           slower_beyond, split_disturbed, step_estimate, step_estimate_df, summarize, t95_df)
 from ..store import write_json
-from ._history import ProcessHistory
+from ._history import ProcessHistory, zero_setup
 from ._memory import MemoryReader
 
 
@@ -206,8 +206,8 @@ class StepProbe:
         if len(self.times) == 1:
             self._check_config(engine)
             if self.ready is not None and self.history is not None and self.memory is not None \
-                    and self.history.grew(self.memory.peak()):
-                self.ready = None  # it paid for memory no earlier trial held (see ProcessHistory)
+                    and (self.history.grew(self.memory.peak()) or self.history.new_setup(zero_setup(engine))):
+                self.ready = None  # it paid for memory, or a ZeRO setup, no earlier trial had (see ProcessHistory)
         over_budget = self._over_budget()
         stop = self.rank == 0 and self._measured_enough()
         flags = self.torch.tensor([float(stop), float(over_budget)], device=self._flag_device())
@@ -471,6 +471,8 @@ class StepProbe:
         self.finished = (state, code)
         if self.history is not None and self.memory is not None and self.memory.kind == "cpu-rss":
             self.history.ended(self.memory.peak())
+        if self.history is not None and self.engine is not None:
+            self.history.ran(zero_setup(self.engine))
         sys.stdout.flush()
         sys.stderr.flush()
 
