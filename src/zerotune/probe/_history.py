@@ -1,5 +1,6 @@
 """What a warm process's earlier trials leave for its later ones, so that a later trial's step 1
-can be timed: the forward FLOPs they profiled, and the most memory any of them held.
+can be timed: the forward FLOPs they profiled, the most memory any of them held, and the ZeRO
+setups they ran.
 
 DeepSpeed's flops profiler hooks every module for one forward, so the step it runs in cannot be
 timed. A cold process profiles step 1, which is warm-up anyway (one-time costs). In a warm
@@ -20,14 +21,15 @@ faulted in for the first time). Two equal slow steps look settled, and would hav
 early 16% slow; such a step 1 warms up, and the rule for later steps judges its step 2.
 
 And except where the process had not yet run an engine of the trial's ZeRO setup (its stage,
-and whether it offloads): the first trial of a new stage after others ran a slow step 2 in 11 of
-13 such trials in the bench runs of stops 38 and 39 (1.97, 2.31, 1.87 s; 1.88, 2.32, 1.97 s;
-2.25, 3.13, 2.85 s), while later trials of a stage the process had run showed none (1.68, 1.71,
-1.73 s). Timed from step 1, that one slow step widened a trial of three steps to ±28%, within
-noise of a leader it trailed by 12%, so the search went on to the stage's smaller micro-batches
-and the confirmation measured them again (run 39-3: 8 trials and 6 re-measurements instead of 5
-and 1-3). Its step 1 warms up instead, so the warm-up rule judges step 2 against the steps
-after it.
+and whether it offloads): the first trial of a new stage after others ran step 2 12-39% slower
+than step 1, and slower than step 3, in 10 of 13 such trials (the bench runs of stops 38 and 39,
+and a tuning of the same job: 1.97, 2.31, 1.87 s; 1.88, 2.32, 1.97 s; 2.25, 3.13, 2.85 s), while
+later trials of a stage the process had run showed none (1.68, 1.71, 1.73 s). Timed from step 1,
+that one slow step widened a trial of three steps to ±28%, within noise of a leader it trailed by
+8%; in run 39-3 (the leader's figure itself lowered by a disturbed first trial) the search went
+on to both stages' smaller micro-batches and the confirmation measured them again: 8 trials and
+6 re-measurements, where undisturbed runs took 5 and 1-3.
+Its step 1 warms up instead, so the warm-up rule judges step 2 against the steps after it.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ memory none of them did."""
 
 class ProcessHistory:
     """Per warm process: forward FLOPs per sample profiled, by what they depend on (see flops_key),
-    and the highest peak memory (RSS) of its trials so far."""
+    the highest peak memory (RSS) of its trials so far, and the ZeRO setups they ran."""
 
     def __init__(self) -> None:
         self._flops: dict[tuple, tuple[float, int]] = {}
