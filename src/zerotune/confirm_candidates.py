@@ -86,10 +86,13 @@ def near_pick(metric: str, r: TrialResult, pick: TrialResult) -> bool:
     ``z0_mb16_gas2`` at 31.2 ± 1.0, and measured again beside it read 28.1 ± 3.6: 7 s of a 74 s
     tuning that found nothing. Where the figure it was stopped against is the pick's, inside
     that interval is inside the pick's (the case the rule is for: 25.0 inside 27.4 ± 3.0)."""
+    return inside_interval(metric, r, pick) or within_drift(metric, r, pick)
+
+
+def within_drift(metric: str, r: TrialResult, pick: TrialResult) -> bool:
+    """``r``'s figure is within DRIFT of the pick's."""
     v, lead = r.metric(metric), pick.metric(metric)
-    if v is None or lead is None:
-        return False
-    return inside_interval(metric, r, pick) or abs(lead - v) <= DRIFT * abs(lead)
+    return v is not None and lead is not None and abs(lead - v) <= DRIFT * abs(lead)
 
 
 def unsettled(r: TrialResult) -> bool:
@@ -115,7 +118,6 @@ def doubted_loser(choice: Choice, trials: list[TrialResult],
     (None, None, "") where there is none."""
     leaders = [choice.best] + choice.ties
     names = {r.name for r in leaders}
-    best = choice.best.metric(metric)
     found: list[tuple[TrialResult, TrialResult, str]] = []
     for r in trials:
         m = r.measurement
@@ -130,8 +132,7 @@ def doubted_loser(choice: Choice, trials: list[TrialResult],
             assert ma is not None, "an unsettled figure is a measured one"
             found.append((r, against, f"which never settled (±{ma.step_time_ci95 / ma.step_time_mean:.0%} "
                                       "at its time cap)"))
-        elif best is not None and (between := ran_between(trials, r, against)) \
-                and abs(best - r.metric(metric)) <= DRIFT * abs(best):
+        elif (between := ran_between(trials, r, against)) and within_drift(metric, r, choice.best):
             found.append((r, against, f"measured {between} trial(s) before it (the machine's drift over that "
                                       f"time is in neither interval), and it is within {DRIFT:.0%} of "
                                       f"{choice.best.name}'s"))
