@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import sys
 import time
 import weakref
@@ -14,37 +13,8 @@ from ..step_stats import (MICRO_STEPS_FROM, Figure, Samples, estimate_is_stable,
                           slower_beyond, split_disturbed, step_estimate, step_estimate_df, summarize, t95_df)
 from ..store import write_json
 from ._history import ProcessHistory, zero_setup
-from ._memory import MemoryReader
-
-
-WARMING = 0.05
-"""Warm-up ends at the first step time not more than this fraction slower than the median of the
-steps after it: a job still warming up gets faster step by step (caches, the allocator, thread
-pools). (A fresh process's steps ran 1.82, 1.60, 1.48, 1.45, 1.52 s: timing from the 1.60 s step
-read the trial 3% slow, with an interval that never reached 3% in 10 steps; from 1.48 s it
-settles in 4.) Judged against the median of all the later steps rather than the next one alone,
-so that one noisy step does not keep a settled job warming up: at 6-10% step noise the rule of
-two consecutive steps (within 15%, the second not 5% faster) ran z2_mb32_gas1's steps 3.29,
-2.80, 2.44, 3.08, 2.81 s all as warm-up in run 31-2, 14 s of a trial then stopped early after two
-timed steps."""
-MAX_WARMUP = 10
-"""Steps after which timing starts even if step times never settled (the interval then shows it)."""
-
-
-def settled_at(times: list[float], limit: int = MAX_WARMUP) -> int | None:
-    """Adaptive warm-up: how many of ``times`` come before the first timed step's end, given when
-    each step ended (and, where step 1 may be timed, first when it began; see
-    StepProbe.marks). Warm-up ends at the first step whose time is not more than WARMING slower
-    than the median of the step times after it, timed from there: without that first mark, step
-    1 (one-time costs: compilation, caches, the allocator) has no time and always warms up. None
-    while nothing has settled yet (and fewer than ``limit`` steps ran)."""
-    durations = [b - a for a, b in zip(times, times[1:])]
-    for i in range(len(durations) - 1):
-        if durations[i] * (1 - WARMING) <= statistics.median(durations[i + 1:]):
-            return i + 1
-        if i + 1 >= limit:
-            return limit
-    return None
+from ._memory import MemoryReader, minor_faults
+from ._warmup import MAX_WARMUP, settled_at
 
 
 def count_params(engine) -> int:
@@ -96,7 +66,10 @@ class StepProbe:
         self.out = Path(spec["out_dir"])
         self.times: list[float] = []
         """When each optimizer step (gradient-accumulation boundary) ended."""
+        self.faults: list[int] = []
+        """This process's minor page faults at each of ``times`` (see settled_at; read on CPU)."""
         self.ready: float | None = None
+        self.ready_faults = 0
         """When the engine was built, where step 1 is timed from (see marks); None where step 1
         is warm-up whatever its time: a cold process's (one-time costs, and its flops profile)."""
         self.history = history
@@ -184,7 +157,7 @@ class StepProbe:
         """A DeepSpeed engine finished building: step 1 of a warm process's later trial may be
         timed from here (see marks). The last engine built before the first step counts."""
         if not self.times and self.history is not None and self.spec.get("adaptive_warmup"):
-            self.ready = time.perf_counter()
+            self.ready, self.ready_faults = time.perf_counter(), minor_faults()
 
     def after_micro(self, engine) -> None:
         """Called after every micro-step that is not a gradient-accumulation boundary."""
@@ -201,6 +174,7 @@ class StepProbe:
         self._sync()
         now = time.perf_counter()
         self.times.append(now)
+        self.faults.append(minor_faults())
         self.micro_ends.append((now, True))
         self.beat()
         if len(self.times) == 1:
@@ -233,13 +207,19 @@ class StepProbe:
         warms up under the same rule as any step."""
         return ([self.ready] if self.ready is not None else []) + self.times
 
+    def mark_faults(self) -> list[int]:
+        """The minor page faults at each of marks()."""
+        return ([self.ready_faults] if self.ready is not None else []) + self.faults
+
     def _first_timed(self) -> int:
         """Index into marks() of the first timed step's start."""
         if not self.spec.get("adaptive_warmup"):
             return max(1, self.spec["warmup_steps"])
         marks = self.marks()
         if self._warmup is None:
-            self._warmup = settled_at(marks, MAX_WARMUP + (self.ready is not None))
+            on_cpu = self.memory is not None and self.memory.kind == "cpu-rss"
+            self._warmup = settled_at(marks, MAX_WARMUP + (self.ready is not None),
+                                      self.mark_faults() if on_cpu else None)
         return self._warmup if self._warmup is not None else max(1, len(marks))
 
     def warmup(self) -> int:
@@ -443,6 +423,8 @@ class StepProbe:
             "times": self.times, "intervals": self.intervals(), "warmup_steps": self.warmup(),
             # Where step 1 was timed from (see marks); None where it was warm-up.
             "first_step_from": self.ready,
+            # Minor page faults of each optimizer step (the first from the build where it is timed).
+            "step_faults": [b - a for a, b in zip(self.mark_faults(), self.mark_faults()[1:])],
             "adaptive_warmup": bool(self.spec.get("adaptive_warmup")),
             # From accumulation MICRO_STEPS_FROM, the step time estimated from its micro-steps; else None
             # (whole steps).

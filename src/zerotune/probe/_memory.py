@@ -81,3 +81,10 @@ def device_in_use(torch_module) -> int | None:
     if cuda is not None and cuda.is_available() and cuda.is_initialized():
         return int(cuda.memory_allocated())
     return None
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far: pages its heap touched for the first time (or
+    again, after glibc returned them). Steps that take many more than the steps after them are
+    still growing the heap (see probe settled_at)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
