@@ -67,7 +67,8 @@ class StepProbe:
         self.times: list[float] = []
         """When each optimizer step (gradient-accumulation boundary) ended."""
         self.faults: list[int] = []
-        """This process's minor page faults at each of ``times`` (see settled_at; read on CPU)."""
+        """This process's minor page faults at each of ``times``: reported per step, what a CPU
+        heap still growing, or refaulting large tensors each step, would show."""
         self.ready: float | None = None
         self.ready_faults = 0
         """When the engine was built, where step 1 is timed from (see marks); None where step 1
@@ -217,9 +218,7 @@ class StepProbe:
             return max(1, self.spec["warmup_steps"])
         marks = self.marks()
         if self._warmup is None:
-            on_cpu = self.memory is not None and self.memory.kind == "cpu-rss"
-            self._warmup = settled_at(marks, MAX_WARMUP + (self.ready is not None),
-                                      self.mark_faults() if on_cpu else None)
+            self._warmup = settled_at(marks, MAX_WARMUP + (self.ready is not None))
         return self._warmup if self._warmup is not None else max(1, len(marks))
 
     def warmup(self) -> int:

@@ -85,6 +85,5 @@ def device_in_use(torch_module) -> int | None:
 
 def minor_faults() -> int:
     """Minor page faults of this process so far: pages its heap touched for the first time (or
-    again, after glibc returned them). Steps that take many more than the steps after them are
-    still growing the heap (see probe settled_at)."""
+    again, after glibc returned them)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
