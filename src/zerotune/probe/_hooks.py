@@ -70,9 +70,10 @@ class StepProbe:
         """This process's minor page faults at each of ``times``: reported per step, what a CPU
         heap still growing, or refaulting large tensors each step, would show."""
         self.ready: float | None = None
-        self.ready_faults = 0
         """When the engine was built, where step 1 is timed from (see marks); None where step 1
         is warm-up whatever its time: a cold process's (one-time costs, and its flops profile)."""
+        self.ready_faults = 0
+        """The minor page faults when ``ready`` was read."""
         self.history = history
         """What this warm process's earlier trials left (see ProcessHistory); None: a cold
         process, which profiles and never times step 1."""
@@ -211,6 +212,11 @@ class StepProbe:
     def mark_faults(self) -> list[int]:
         """The minor page faults at each of marks()."""
         return ([self.ready_faults] if self.ready is not None else []) + self.faults
+
+    def step_faults(self) -> list[int]:
+        """The minor page faults of each step marks() times."""
+        marks = self.mark_faults()
+        return [b - a for a, b in zip(marks, marks[1:])]
 
     def _first_timed(self) -> int:
         """Index into marks() of the first timed step's start."""
@@ -423,7 +429,7 @@ class StepProbe:
             # Where step 1 was timed from (see marks); None where it was warm-up.
             "first_step_from": self.ready,
             # Minor page faults of each optimizer step (the first from the build where it is timed).
-            "step_faults": [b - a for a, b in zip(self.mark_faults(), self.mark_faults()[1:])],
+            "step_faults": self.step_faults(),
             "adaptive_warmup": bool(self.spec.get("adaptive_warmup")),
             # From accumulation MICRO_STEPS_FROM, the step time estimated from its micro-steps; else None
             # (whole steps).
