@@ -44,8 +44,8 @@ def make_probe_factory(tmp_path, monkeypatch):
         grows, so that the test process's own allocations decide nothing)."""
         ticks = iter(step_times)
         monkeypatch.setattr(_hooks.time, "perf_counter", lambda: next(ticks))
-        pages = iter(faults) if faults is not None else None
-        monkeypatch.setattr(_hooks, "minor_faults", (lambda: next(pages)) if pages else (lambda: 0))
+        pages = iter(faults if faults is not None else [])
+        monkeypatch.setattr(_hooks, "minor_faults", lambda: next(pages, 0))
         spec = {"out_dir": str(tmp_path), "warmup_steps": 2, "min_steps": 3, "max_steps": 50, "max_seconds": 1e9,
                 "rel_ci": 0.03, "budget": None, "expect": {"stage": 2, "micro_batch": 4, "grad_accum": 1},
                 "profile_flops": False, **spec}

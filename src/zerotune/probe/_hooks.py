@@ -209,14 +209,10 @@ class StepProbe:
         warms up under the same rule as any step."""
         return ([self.ready] if self.ready is not None else []) + self.times
 
-    def mark_faults(self) -> list[int]:
-        """The minor page faults at each of marks()."""
-        return ([self.ready_faults] if self.ready is not None else []) + self.faults
-
     def step_faults(self) -> list[int]:
-        """The minor page faults of each step marks() times."""
-        marks = self.mark_faults()
-        return [b - a for a, b in zip(marks, marks[1:])]
+        """The minor page faults of each step marks() times (read where each of marks() was)."""
+        at = ([self.ready_faults] if self.ready is not None else []) + self.faults
+        return [b - a for a, b in zip(at, at[1:])]
 
     def _first_timed(self) -> int:
         """Index into marks() of the first timed step's start."""
