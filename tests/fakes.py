@@ -26,6 +26,8 @@ class FakeMachine:
     """Per stage, a relative interval that stage's measurements have instead of rel_ci."""
     crash: set[str] = field(default_factory=set)
     """Trial names that crash."""
+    hang: set[int] = field(default_factory=set)
+    """Stages whose trials hang and end at the trial timeout."""
     offload_keeps: float = 0.25
     """Share of the model states left on the device with optimizer offload to CPU."""
     num_params: int = 10_000_000
@@ -103,6 +105,8 @@ class FakeLauncher(Launcher):
                     wall_time=m.trial_seconds)
         if spec.name in m.crash:
             return TrialResult(state=TrialState.CRASHED, reason="RuntimeError: boom", **base)
+        if spec.stage in m.hang:
+            return TrialResult(state=TrialState.TIMEOUT, reason="hung: no step for 120 s", **base)
         if job.budget and peak > job.budget:
             return TrialResult(state=TrialState.OOM, reason="CUDA out of memory", **base)
         samples = spec.micro_batch * spec.grad_accum * (job.num_gpus)

@@ -20,7 +20,7 @@ def write(path, data):
 
 
 @pytest.mark.parametrize("config, message", [
-    ('{"autotuning": {"fast": true,}}', "not valid JSON"),
+    ('{"autotuning": {"fast": true,,}}', "not valid JSON"),  # one trailing comma DeepSpeed's reader allows
     ({"autotuning": {"metrik": "latency"}}, "autotuning.metrik: unknown key; did you mean 'metric'"),
     ({"zero_optimization": {"stage": 5}}, "zero_optimization.stage: 5 is not a ZeRO stage"),
     ({"autotuning": {"min_train_micro_batch_size_per_gpu": 8, "max_train_micro_batch_size_per_gpu": 2}},

@@ -18,9 +18,9 @@ def rank(d, r, state="ok", reason="", intervals=(0.5, 0.52, 0.49, 0.51, 0.5), pe
     (d / f"rank{r}.json").write_text(json.dumps(data))
 
 
-def run(d, returncode=0, timed_out=False, budget=None):
+def run(d, returncode=0, timed_out=False, budget=None, oom_kills=None):
     return collect(spec=SPEC, trial_dir=d, world=2, returncode=returncode, timed_out=timed_out, timeout=60,
-                   wall_time=1.0, budget=budget, min_steps=3, rel_ci=0.03)
+                   wall_time=1.0, budget=budget, min_steps=3, rel_ci=0.03, oom_kills=oom_kills)
 
 
 def test_ok_with_statistics(tmp_path):
@@ -120,10 +120,56 @@ def test_cuda_oom_only_in_stderr(tmp_path):
     assert r.state is TrialState.OOM and "rank 1" in r.reason
 
 
-def test_sigkill_is_likely_host_oom(tmp_path):
+def killed_rank(d, peak):
+    """Rank 1 killed by SIGKILL; rank 0 reports the broken collective and its peak."""
+    (d / "launcher.log").write_text("[ERROR] ['python'] exits with return code = -9\n")
+    rank(d, 0, state="crashed", reason="RuntimeError: Connection reset by peer", peak=peak)
+
+
+def test_sigkill_with_an_oom_kill_counted_is_out_of_memory(tmp_path):
+    killed_rank(tmp_path, peak=1000)
+    r = run(tmp_path, returncode=247, budget=12000, oom_kills=1)
+    assert r.state is TrialState.OOM and "out-of-memory killer" in r.reason
+
+
+def test_sigkill_without_an_oom_kill_is_a_kill_from_outside(tmp_path):
+    killed_rank(tmp_path, peak=350)
+    r = run(tmp_path, returncode=247, budget=12000, oom_kills=0)
+    assert r.state is TrialState.KILLED and "from outside zerotune" in r.reason and "no out-of-memory" in r.reason
+
+
+@pytest.mark.parametrize("peak, state", [(11500, TrialState.OOM), (350, TrialState.KILLED), (None, TrialState.KILLED)])
+def test_sigkill_where_the_kernel_keeps_no_count_is_judged_by_the_peak(tmp_path, peak, state):
     (tmp_path / "launcher.log").write_text("[ERROR] ['python'] exits with return code = -9\n")
-    r = run(tmp_path, returncode=247)
-    assert r.state is TrialState.OOM and "SIGKILL" in r.reason
+    if peak is not None:
+        rank(tmp_path, 0, state="crashed", reason="RuntimeError: Connection reset", peak=peak)
+    assert run(tmp_path, returncode=247, budget=12000, oom_kills=None).state is state
+
+
+def test_a_killed_trial_is_measured_again_and_never_reused(tmp_path):
+    from zerotune.record import Identity, TuningRecord
+    from zerotune.trial import TrialResult
+
+    ident = Identity(code="c", args=[], topology={}, measure={}, env={}, failure={})
+    record = TuningRecord(tmp_path, identity=ident, session={})
+    result = TrialResult(spec=SPEC, state=TrialState.KILLED, reason="killed", wall_time=1.0)
+    stored = {"identity": ident.of({}), "result": result.to_dict(), "failure": {}}
+    assert record.why_not_reused(stored, {}) == "it was killed from outside zerotune"
+
+
+def test_oom_kill_count_reads_cgroup_v1_and_v2(tmp_path):
+    from zerotune.launch._oom_kills import oom_kill_count
+
+    own = tmp_path / "cgroup"
+    own.write_text("4:memory:/job/a\n0::/\n")
+    (tmp_path / "fs" / "memory" / "job" / "a").mkdir(parents=True)
+    (tmp_path / "fs" / "memory" / "job" / "a" / "memory.oom_control").write_text("oom_kill_disable 0\noom_kill 3\n")
+    assert oom_kill_count(own, tmp_path / "fs") == 3
+    own.write_text("0::/user.slice/x\n")
+    (tmp_path / "fs" / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n")
+    assert oom_kill_count(own, tmp_path / "fs") == 1  # the namespace's root, where the path is not mounted
+    own.write_text("1:cpu:/\n")
+    assert oom_kill_count(own, tmp_path / "fs") is None
 
 
 def test_crash_names_the_error(tmp_path):
@@ -146,7 +192,7 @@ def test_script_too_short_to_measure(tmp_path):
 def test_deepspeed_shm_buffers_of_the_trial_are_removed(tmp_path):
     import os
 
-    from zerotune.launch._process import remove_shm_buffers
+    from zerotune.launch._leftovers import remove_shm_buffers
 
     uid = os.getuid()
     ours = [tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_4100_{r}" for r in (0, 1)]

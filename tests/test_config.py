@@ -83,7 +83,9 @@ def test_user_train_batch_size_fixes_the_global_batch():
 
 def test_malformed_json(tmp_path):
     p = tmp_path / "ds.json"
-    p.write_text('{"train_batch_size": 8,}')
+    p.write_text('{"train_batch_size": 8,}')  # DeepSpeed's HJSON reader takes one trailing comma
+    assert load_ds_config(p) == {"train_batch_size": 8}
+    p.write_text('{"train_batch_size": 8,,}')
     with pytest.raises(ConfigError, match=r"not valid JSON: .* line 1"):
         load_ds_config(p)
 

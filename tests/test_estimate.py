@@ -59,7 +59,7 @@ def test_table_prints(capsys):
     (["--params", "1B", "--global-batch", "7"], "multiple"),
     (["--factory", "no_such_module_xyz:build"], "cannot be imported"),
     (["--factory", "nocolon"], "module:function"),
-    (["--hf-config", "/nonexistent/config.json"], "cannot be read"),
+    (["--hf-config", "/nonexistent/config.json"], "does not exist"),
 ])
 def test_bad_input_is_one_clear_error(capsys, argv, message):
     assert main(["estimate", *argv]) == 2

@@ -4,7 +4,8 @@ import subprocess
 import sys
 import time
 
-from zerotune.launch import leftovers, reap
+from procs import sleeper
+from zerotune.launch import end_leftovers, leftovers
 from zerotune.launch._collect import collect, port_in_use
 from zerotune.launch._process import stalled
 from zerotune.trial import TrialSpec, TrialState
@@ -63,34 +64,50 @@ def test_port_in_use_is_recognised(tmp_path):
     assert not port_in_use(tmp_path, 2)
 
 
-def sleeper(tmp_path, tuner_pid):
-    """A trial-like process that ignores SIGTERM; returns once it does (it says so in a file)."""
-    env = {**os.environ, "ZEROTUNE_PROBE": str(tmp_path / "z1_mb2" / "probe.json"), "ZEROTUNE_TUNER_PID": tuner_pid}
-    ready = tmp_path / f"ready.{tuner_pid}.{len(list(tmp_path.glob('ready.*')))}"
-    proc = subprocess.Popen([sys.executable, "-c", "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, "
-                             "signal.SIG_IGN); pathlib.Path(sys.argv[1]).touch(); time.sleep(600)", str(ready)],
-                            env=env)
-    deadline = time.monotonic() + 120
-    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)  # waiting on the file, however slow the machine
-    assert ready.exists(), "the sleeper did not start"
-    return proc
-
-
-def test_leftovers_of_a_dead_tuner_are_found_and_ended(tmp_path):
+def test_leftovers_of_another_tuner_are_found_from_a_relative_results_folder(tmp_path):
+    (tmp_path / "results").mkdir()
     dead = subprocess.Popen(["true"])
     dead.wait()
-    orphan = sleeper(tmp_path, str(dead.pid))
-    ours = sleeper(tmp_path, str(os.getpid()))  # this process's own trial: never a leftover
+    orphan = sleeper("results", str(dead.pid), cwd=tmp_path)  # started with the folder as a relative path
+    ours = sleeper("results", str(os.getpid()), cwd=tmp_path)  # this process's own trial: not another's
     try:
-        assert leftovers(tmp_path) == [orphan.pid]
-        assert reap(tmp_path, grace=1.0) == 1  # it ignores SIGTERM: SIGKILL ends it
+        found = leftovers(tmp_path / "results")
+        assert [p.pid for p in found] == [orphan.pid]
+        assert [p.pid for p in end_leftovers(tmp_path / "results")] == [orphan.pid]  # SIGKILL after SIGTERM
         assert orphan.wait(timeout=5) == -9
         assert ours.poll() is None
+        assert [p.pid for p in leftovers(tmp_path / "results", own=True)] == [ours.pid]
     finally:
         for p in (orphan, ours):
             p.kill()
             p.wait()
+
+
+def test_a_daemon_a_trial_started_is_ended_with_the_tuning(tmp_path):
+    daemon = sleeper(tmp_path / "results", str(os.getpid()), setsid=True)
+    try:
+        ended = end_leftovers(tmp_path / "results", own=True)
+        assert [p.pid for p in ended] == [daemon.pid] and "python" in ended[0].command
+        assert daemon.wait(timeout=5) == -9
+    finally:
+        daemon.kill()
+        daemon.wait()
+
+
+def test_buffers_of_dead_trials_are_removed_and_only_theirs(tmp_path):
+    from zerotune.launch._leftovers import note_port, remove_dead_buffers
+
+    shm, results = tmp_path / "shm", tmp_path / "results"
+    shm.mkdir(), results.mkdir()
+    uid = os.getuid()
+    ours = [shm / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_4100_{i}" for i in (0, 1)]
+    other = shm / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_4200_0"  # another job's port
+    for p in ours + [other]:
+        p.write_bytes(b"x")
+    note_port(results, 4100)
+    assert remove_dead_buffers(results, shm_dir=shm) == 2
+    assert not any(p.exists() for p in ours) and other.exists()
+    assert not (results / "_shm_ports.txt").exists()
 
 
 def test_the_rank_that_segfaulted_is_the_cause_not_the_one_left_waiting(tmp_path):
@@ -101,3 +118,49 @@ def test_the_rank_that_segfaulted_is_the_cause_not_the_one_left_waiting(tmp_path
     (tmp_path / "rank1.stderr").write_text("Fatal Python error: Segmentation fault\n\nCurrent thread:\n  File ...\n")
     r = collect_crash(tmp_path, "[launch.py:259] exits with return code = 1\n")
     assert r.reason.startswith("rank 1 was killed by SIGSEGV") and "then RuntimeError: Read error" in r.reason
+
+
+def test_the_waiter_records_the_signal_its_rank_died_of_and_dies_of_it_too(tmp_path):
+    from zerotune._proc import read_exit
+
+    code = ("import os, signal, sys\nfrom pathlib import Path\nfrom zerotune.probe._waiter import run_watched\n"
+            "run_watched(Path(sys.argv[1]), 1)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60)
+    assert proc.returncode == -9 and read_exit(tmp_path, 1) == 9
+    clean = subprocess.run([sys.executable, "-c", code.replace("os.kill(os.getpid(), signal.SIGKILL)", "sys.exit(3)"),
+                            str(tmp_path / "x")], timeout=60)
+    assert clean.returncode == 3 and read_exit(tmp_path / "x", 1) is None
+
+
+def test_the_first_rank_to_die_names_the_cause(tmp_path):
+    """Rank 1 was killed from outside; rank 0, ended later by the clean-up, is not the cause,
+    whatever the launcher's log says."""
+    (tmp_path / "launcher.log").write_text("[ERROR] ['python'] exits with return code = 1\n")
+    (tmp_path / "rank1.exit").write_text("signal 9\n")
+    (tmp_path / "rank0.exit").write_text("signal 15\n")
+    os.utime(tmp_path / "rank1.exit", (1, 1))
+    r = collect(spec=TrialSpec(stage=0, micro_batch=4), trial_dir=tmp_path, world=2, returncode=1, timed_out=False,
+                timeout=60, wall_time=1.0, budget=None, min_steps=3, rel_ci=0.03, oom_kills=0)
+    assert r.state is TrialState.KILLED, r.reason
+
+
+def test_retiring_warm_processes_ends_them_and_their_buffers_before_a_write_that_can_fail(tmp_path, monkeypatch):
+    from zerotune import ZerotuneError
+    from zerotune.launch import _local
+    from zerotune.launch._warm import WarmGroup
+
+    done = []
+
+    class Group:
+        def kill(self, grace):
+            done.append("killed")
+
+    monkeypatch.setattr(_local, "remove_shm_buffers", lambda port: done.append(f"buffers of {port}"))
+    launcher = _local.LocalLauncher(device="cpu")
+    gone = tmp_path / "pool-on-a-full-disk"  # retired.txt cannot be written there
+    launcher._warm[0] = WarmGroup(pool=gone, group=Group(), port=4100, signature="s", world=2, started_as="")
+    try:
+        launcher.retire(0, "the tuning ended")
+    except ZerotuneError:
+        pass
+    assert done == ["killed", "buffers of 4100"]

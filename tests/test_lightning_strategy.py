@@ -146,3 +146,11 @@ def test_retune_tunes_again_despite_a_cached_result(tmp_path, monkeypatch):
         t = trainer(tmp_path, retune=retune)
         t.strategy.tuning.resolve(t.strategy, t, Model(), Data(), None, can_tune=True, required=True)
         assert len(tuned) == expect and t.strategy.tuning.entry["best"] == f"run{expect}"
+
+
+@pytest.mark.parametrize("option, value", [("retune", "no"), ("autotune", "false"), ("max_trials", 2.5),
+                                           ("global_batch", "64"), ("trial_timeout", "30")])
+def test_strategy_options_of_the_wrong_type_are_named(option, value):
+    with pytest.raises(ConfigError, match=f"{option}=") as info:
+        AutotuneDeepSpeedStrategy(**{option: value})
+    assert isinstance(info.value, ValueError)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -37,3 +38,17 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     _PRCTL(_PR_SET_PDEATHSIG, sig)
     if os.getppid() == 1:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)
+
+
+def exit_file(folder: Path, rank: int) -> Path:
+    """Where a rank's waiter records the signal the rank died of (see probe._waiter)."""
+    return Path(folder) / f"rank{rank}.exit"
+
+
+def read_exit(folder: Path, rank: int) -> int | None:
+    """The signal rank ``rank`` died of, as its waiter recorded it, or None."""
+    try:
+        word, number = exit_file(folder, rank).read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(number) if word == "signal" and number.isdigit() else None

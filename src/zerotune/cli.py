@@ -74,7 +74,10 @@ def _main(argv: list[str]) -> int:
             from .render import print_summary
             from .result import load_results
 
-            print_summary(load_results(args.results_dir))
+            result = load_results(args.results_dir)
+            print_summary(result)
+            if line := _end_leftovers(result.results_dir):
+                print(f"zerotune: {line}", file=sys.stderr)
             return 0
         if args.command == "report":
             from .report_html import write_report
@@ -100,8 +103,14 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
         return 2
     import signal
 
+    stopping = []
+
     def terminate(signum, frame):
-        raise KeyboardInterrupt  # unwinds through tune(), which ends the running trial's processes
+        # Once: a second Ctrl-C (or SIGTERM) while the first unwinds would cut short the clean-up
+        # that ends the trial's processes and removes their buffers.
+        if not stopping:
+            stopping.append(signum)
+            raise KeyboardInterrupt  # unwinds through tune(), which ends the running trial's processes
 
     signal.signal(signal.SIGTERM, terminate)
     # Also when started with SIGINT ignored (a background job of a script inherits that): an
@@ -144,6 +153,16 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
         except KeyboardInterrupt:
             return 130
     return 0
+
+
+def _end_leftovers(root) -> str | None:
+    """End what a killed tuning of ``root`` left running, where no tuning holds the folder."""
+    from .launch import end_leftovers, leftovers_line
+    from .results_folder import busy
+
+    if busy(root):
+        return None
+    return leftovers_line(end_leftovers(root), "an earlier, killed tuning of this folder")
 
 
 def trackers(tensorboard: str | None) -> list:

@@ -98,6 +98,8 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     i = 0
     while i < len(argv):
         a = argv[i]
+        if a == "--" and len(own) >= 1:  # the usual end of options: the command follows
+            return own, argv[i + 1:]
         if len(own) >= 1 and not a.startswith("-") and own[0] in ("tune", "run"):
             return own, argv[i:]
         own.append(a)

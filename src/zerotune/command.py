@@ -76,12 +76,39 @@ class UserCommand:
             raise ConfigError(f"give the training script itself, not the {path.name} launcher: zerotune starts the "
                               "processes (usage: zerotune tune [--num-gpus N] train.py [args], or zerotune tune "
                               "accelerate launch --config_file acc.yaml train.py [args])")
+        if path.is_dir():
+            raise LaunchError(f"training script {script!r} is a folder; give the path of the .py script in it")
+        if path.exists() and not path.is_file():
+            raise LaunchError(f"training script {script!r} is not a regular file (a pipe or a device); give the "
+                              "path of your .py script")
         if not path.is_file():
             raise LaunchError(f"training script {script!r} does not exist; give the path of your DeepSpeed "
                               "training script (relative to this folder or absolute)")
         if path.suffix != ".py":
             raise ConfigError(f"training script {script!r} is not a .py file; zerotune runs Python scripts")
-        return cls(str(path), tuple(args))
+        command = cls(str(path), tuple(args))
+        if len(given := command.config_values()) > 1:
+            raise ConfigError(f"the ds_config is given {len(given)} times ({', '.join(given)}); the script reads only "
+                              "the last, so give the config option once")
+        return command
+
+    def config_values(self) -> list[str]:
+        """Every ds_config path the arguments give (``--deepspeed_config`` or ``--deepspeed``)."""
+        found = []
+        for i, a in enumerate(self.args):
+            if any(a.startswith(flag + "=") for flag in CONFIG_FLAGS):
+                found.append(a)
+            elif a in CONFIG_FLAGS and self._holds_path(a, i):
+                found.append(f"{a} {self.args[i + 1]}")
+        return found
+
+    def _holds_path(self, flag: str, i: int) -> bool:
+        """Whether ``flag`` at ``i`` is followed by a config path (HF-style ``--deepspeed
+        ds.json``; DeepSpeed's own ``--deepspeed`` is a switch)."""
+        if i + 1 >= len(self.args):
+            return False
+        value = self.args[i + 1]
+        return flag == "--deepspeed_config" or value.endswith(".json") or Path(value).is_file()
 
     def config_position(self) -> tuple[int, bool] | None:
         """Index of the ds_config path in args, and whether it is joined (``--flag=path``)."""
@@ -89,11 +116,8 @@ class UserCommand:
             for flag in CONFIG_FLAGS:
                 if a.startswith(flag + "="):
                     return i, True
-                if a == flag and i + 1 < len(self.args):
-                    value = self.args[i + 1]
-                    # HF-style "--deepspeed ds.json" holds a path; DeepSpeed's own "--deepspeed" is a switch.
-                    if flag == "--deepspeed_config" or value.endswith(".json") or Path(value).is_file():
-                        return i + 1, False
+                if a == flag and self._holds_path(flag, i):
+                    return i + 1, False
         return None
 
     def config_path(self) -> str | None:

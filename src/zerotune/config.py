@@ -118,27 +118,105 @@ class TuningRequest:
         return collapse(self.space_config, stage)
 
 
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 64
+"""Bounds checked before a config file is parsed: a ds_config or a model's config.json is a few
+KB and a few levels deep; a larger or deeper file is the wrong file, and parsing it would take
+the memory or the stack of the tuner."""
+
+
+def read_config_text(path: str | Path, what: str) -> str:
+    """The text of the config file ``path`` (``what`` names it in errors), checked to be a
+    regular file within :data:`MAX_CONFIG_BYTES` and :data:`MAX_CONFIG_DEPTH` before any parser
+    sees it."""
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{what} {str(path)!r} is a folder; give the path of the file")
+    if not p.exists():
+        raise ConfigError(f"{what} {str(path)!r} does not exist; give the path of a JSON file")
+    if not p.is_file():
+        raise ConfigError(f"{what} {str(path)!r} is not a regular file (a pipe or a device); give the path of a "
+                          "JSON file")
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"{what} {str(path)!r} cannot be read: {e.strerror}; check its permissions") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{what} {str(path)!r} is over {MAX_CONFIG_BYTES >> 20} MiB, far more than any config; "
+                          "give the right file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {str(path)!r} is not a UTF-8 text file") from None
+    if (depth := nesting(text)) > MAX_CONFIG_DEPTH:
+        raise ConfigError(f"{what} {str(path)!r} nests {depth} levels deep, beyond any config (at most "
+                          f"{MAX_CONFIG_DEPTH}); give the right file")
+    return text
+
+
+def nesting(text: str) -> int:
+    """The deepest nesting of objects and lists in JSON (or HJSON) text, strings skipped."""
+    depth = deepest = 0
+    in_string, escaped = "", False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == in_string:
+                in_string = ""
+        elif ch in "\"'":
+            in_string = ch
+        elif ch in "{[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "}]":
+            depth -= 1
+    return deepest
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's keys, refused where one repeats (DeepSpeed refuses such a config too)."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        repeated = [k for k, _ in pairs if k in seen or seen.add(k)]
+        raise ConfigError(f"duplicate keys {sorted(set(repeated))}: DeepSpeed refuses a config that names a key "
+                          "twice in one object; keep one of each")
+    return data
+
+
 def load_ds_config(source: str | Path | dict[str, Any]) -> dict[str, Any]:
-    """Read a ds_config from a dict or a JSON file, with a clear error for a bad file."""
+    """Read a ds_config from a dict or a file, as DeepSpeed reads one (HJSON: comments and
+    unquoted keys are allowed; a key twice in one object is not), with a clear error for a bad file."""
     if isinstance(source, dict):
         try:
             return json.loads(json.dumps(source))  # a deep copy that is also proof it is JSON
         except (TypeError, ValueError) as e:
             raise ConfigError(f"the ds_config is not JSON data ({e}); use plain numbers, strings, lists and "
                               "dicts") from None
+        except RecursionError:
+            raise ConfigError(f"the ds_config nests deeper than any config (at most {MAX_CONFIG_DEPTH} levels); "
+                              "give the right dict") from None
     if not isinstance(source, (str, Path)):
         raise ConfigError(f"the ds_config must be a JSON object {{...}} or the path of a JSON file, not "
                           f"{type(source).__name__}")
     path = Path(source)
-    if not path.is_file():
-        raise ConfigError(f"ds_config {str(path)!r} does not exist; pass --deepspeed_config PATH to a JSON file")
+    text = read_config_text(path, "ds_config")
+    import hjson
+
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        data = hjson.loads(text, object_pairs_hook=_no_duplicates)
+    except ConfigError as e:
+        raise ConfigError(f"ds_config {str(path)!r}: {e}") from None
+    except hjson.HjsonDecodeError as e:
         raise ConfigError(f"ds_config {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; "
                           "fix the file (a trailing comma or a missing quote is the usual cause)") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"ds_config {str(path)!r} is not a text file") from None
+    except (ValueError, OverflowError, RecursionError) as e:
+        raise ConfigError(f"ds_config {str(path)!r} cannot be read as JSON ({type(e).__name__}: {str(e)[:80]}); "
+                          "use plain numbers such as 64 or 5e8") from None
     if not isinstance(data, dict):
         raise ConfigError(f"ds_config {str(path)!r} must hold a JSON object {{...}}, not {type(data).__name__}")
     return data
@@ -188,6 +266,21 @@ def _parse_micro_batches(value: Any) -> list[int] | None:
                    if v != "auto"} or ()) or None
 
 
+def _check_batch_triple(config: dict[str, Any], dp: int) -> None:
+    """DeepSpeed's rule, where the config fixes all three batch values: train_batch_size =
+    micro-batch x gradient_accumulation_steps x data-parallel processes (DeepSpeed refuses the
+    config otherwise, so zerotune never bends one of them to fit)."""
+    tbs, gas, mb = (config.get(k) for k in ("train_batch_size", "gradient_accumulation_steps",
+                                            "train_micro_batch_size_per_gpu"))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (tbs, gas, mb)):
+        return
+    if tbs != mb * gas * dp:
+        raise ConfigError(f"train_batch_size {tbs} is not train_micro_batch_size_per_gpu {mb} x "
+                          f"gradient_accumulation_steps {gas} x {dp} data-parallel processes ({mb * gas * dp}), "
+                          "which DeepSpeed requires; drop gradient_accumulation_steps (zerotune derives it) or "
+                          "make the three agree")
+
+
 def parse_request(ds_config: dict[str, Any], *, world_size: int,
                   script_batch: dict[str, int] | None = None) -> TuningRequest:
     """Validate ``ds_config`` for tuning on ``world_size`` processes. ``script_batch``: the batch
@@ -219,6 +312,7 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int,
         raise ConfigError(f"autotuning.mp_size ({at.mp_size}) does not divide the {world_size} processes; "
                           "use a model-parallel size that divides --num-gpus x --num-nodes")
     dp = world_size // at.mp_size
+    _check_batch_triple(config, dp)
     global_batch = at.max_train_batch_size
     user_tbs = config.get("train_batch_size")
     if global_batch is None and isinstance(user_tbs, int) and not isinstance(user_tbs, bool):

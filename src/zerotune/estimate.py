@@ -66,12 +66,11 @@ def _no_constants(name: str) -> None:
 
 def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSize:
     """A decoder-style transformer from its config.json (GPT-2, Llama, OPT, ... key names)."""
+    from .config import read_config_text
+
+    text = read_config_text(path, "--hf-config")
     try:
-        cfg = json.loads(Path(path).read_text(encoding="utf-8"), parse_constant=_no_constants)
-    except OSError:
-        raise ConfigError(f"--hf-config {str(path)!r} cannot be read; give the path of a model's config.json") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"--hf-config {str(path)!r} is not UTF-8 text; give a model's config.json") from None
+        cfg = json.loads(text, parse_constant=_no_constants)
     except json.JSONDecodeError as e:
         raise ConfigError(f"--hf-config {str(path)!r} is not valid JSON ({e.msg} at line {e.lineno})") from None
     except ValueError as e:
@@ -82,6 +81,10 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSize:
     h = _first(cfg, "hidden_size", "n_embd", "d_model")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers")
     vocab = _first(cfg, "vocab_size")
+    for key in ("hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "num_layers", "vocab_size"):
+        if key in cfg and _first(cfg, key) is None:
+            raise ConfigError(f"--hf-config {str(path)!r}: {key} is {json.dumps(cfg[key])[:40]}, not a size; give a "
+                              "positive whole number below 10^9 (a model's own config.json has one)")
     if not (h and layers and vocab):
         raise ConfigError(f"--hf-config {str(path)!r} lacks hidden_size, num_hidden_layers or vocab_size; "
                           "give --params instead")

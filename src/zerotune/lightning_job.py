@@ -198,8 +198,10 @@ def looks_like_lightning(script: str) -> bool:
 def inspect_script(script: str, args: list[str], out_dir: Path, env: dict[str, str],
                    timeout: float = 300.0) -> LightningJob:
     """Run the script in one process until its ``trainer.fit`` call and read what it asks for."""
+    from .results_folder import claim
     from .store import write_json
 
+    claim(out_dir.parent)  # the results folder: written only where it is zerotune's
     out_dir.mkdir(parents=True, exist_ok=True)
     result = out_dir / INSPECT
     result.unlink(missing_ok=True)

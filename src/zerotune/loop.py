@@ -114,7 +114,7 @@ class PhaseRun:
             record.note(f"stopped after tuner_num_trials={at.tuner_num_trials} trials")
             return None
         if tuner.time_budget and time.monotonic() - self.start > tuner.time_budget:
-            record.note(f"stopped at the time budget of {tuner.time_budget:.0f} s")
+            record.note(f"stopped at the time budget of {tuner.time_budget:g} s")
             return None
         if reason := self._predicted_loser(spec, prediction):
             result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=reason, budget=tuner.budget,

@@ -16,7 +16,7 @@ from .ranking import fmt_metric
 from .terminal_text import safe
 from .units import format_size
 
-FAILED = {"crashed", "timeout"}
+FAILED = {"crashed", "timeout", "killed"}
 
 
 class ProgressState:

@@ -12,13 +12,16 @@ with ``retry_failed``.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import __version__
 from ._errors import ZerotuneError
+from .results_folder import MARK, OUTPUTS, made
 from .store import SESSION, ResultStore, fingerprint, write_json
 from .trial import TrialResult, TrialSpec, TrialState
 
@@ -65,11 +68,14 @@ class Identity:
 class TuningRecord:
     """The store, this tuning's trials and its events. Built fresh by each ``tune()``."""
 
-    def __init__(self, root: Path, *, identity: Identity, session: dict[str, Any], overwrite: bool = False,
-                 retry_failed: bool = False, max_trials: int = 0,
+    def __init__(self, root: Path, *, identity: Identity, session: dict[str, Any],
+                 previous: dict[str, Any] | None = None, retry_failed: bool = False, max_trials: int = 0,
                  on_event: Callable[[TuningEvent], None] | None = None):
-        self.store = ResultStore(root, overwrite=overwrite)
+        """``previous``: the folder's record before this tuning (the trial folders it made stay
+        this folder's, see results_folder)."""
+        self.store = ResultStore(root, made=made(previous), on_made=lambda name: self.write_session(self._state))
         self.root = self.store.root
+        self._state = "running"
         self.identity, self.session, self.retry_failed = identity, dict(session), retry_failed
         self.max_trials = max_trials
         self.on_event = on_event or (lambda e: None)
@@ -109,6 +115,8 @@ class TuningRecord:
         budget = self.identity.failure.get("budget")
         if result.state is TrialState.OK and budget and (result.max_peak or 0) > budget:
             return "its peak memory is above the memory budget now"
+        if result.state is TrialState.KILLED:
+            return "it was killed from outside zerotune"
         if result.state in FAILED:
             if self.retry_failed:
                 return "--retry-failed"
@@ -175,7 +183,9 @@ class TuningRecord:
                       remeasured: list[dict[str, Any]] | None = None, confirm_from_trial: str | None = None) -> None:
         """``remeasured``: the re-measurements that confirmed the choice ``best``;
         ``confirm_from_trial``: the candidate whose trial stood as its first-round figure."""
-        write_json(self.root / SESSION, {**self.session, "state": state, "wall_time": wall,
+        self._state = state
+        write_json(self.root / SESSION, {MARK: __version__, **self.session, "state": state, "pid": os.getpid(),
+                                         "made": sorted(self.store.made), "wall_time": wall,
                                          "earlier_time": self.earlier_time,
                                          "trials": [t.name for t in self.trials], "notes": list(notes or self.notes),
                                          "best": best, "best_config": best_config, "remeasured": remeasured or [],
@@ -189,9 +199,6 @@ class TuningRecord:
             path = self.root / name
             if path.is_symlink() or path.is_file():
                 path.unlink()
-
-
-OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt", "accelerate_config_optimal.yaml", "summary.txt", "results.json")
 
 
 def read_session(root: Path) -> dict[str, Any]:

@@ -26,11 +26,14 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
         table.add_row(*(safe(str(row[k])) for k in ("stage", "trials", "ok", "oom", "failed", "pruned", "best",
                                                       "best_trial")))
     console.print(table)
-    if result.best is None:
+    if line := result.state_line():
+        console.print(f"[yellow]{safe(line)}[/]")
+    elif result.best is None:
         console.print("[red]no configuration succeeded[/]")
-    else:
+    if result.best is not None:
         b = result.best
-        console.print(f"[bold green]best:[/] {safe(b.name)}  {result.best_figures()}  "
+        label = "best" if result.state == "finished" else "best so far"
+        console.print(f"[bold green]{label}:[/] {safe(b.name)}  {result.best_figures()}  "
                       f"peak {format_size(b.max_peak)}/rank")
         if line := result.env_line():
             console.print(safe(line))
@@ -39,7 +42,8 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
     for line in result.cost.lines() if result.cost is not None else []:
         console.print(f"[dim]{safe(line)}[/]")
     where = str(result.results_dir)
-    console.print(f"results: {safe(where)}/ (summary.txt, ds_config_optimal.json, cmd_optimal.txt)")
+    files = result.outputs()
+    console.print(f"results: {safe(where)}/" + (f" ({', '.join(files)})" if files else ""))
     # A command to copy is never broken by an inserted newline (one at a space inside the quoted
     # path makes another path of it): on a line of its own, folded by the terminal if too long.
     console.print(f"figures: zerotune report {safe(shlex.quote(where))}", soft_wrap=True)

@@ -119,7 +119,8 @@ def config_diff(user: dict[str, Any], chosen: dict[str, Any]) -> list[tuple[str,
 
 
 # -- figures ---------------------------------------------------------------------------------------
-COLORS = {"ok": "#2b8a3e", "oom": "#e8590c", "pruned": "#1c7ed6", "crashed": "#c92a2a", "timeout": "#862e9c"}
+COLORS = {"ok": "#2b8a3e", "oom": "#e8590c", "pruned": "#1c7ed6", "crashed": "#c92a2a", "timeout": "#862e9c",
+          "killed": "#495057"}
 
 
 def _pyplot():

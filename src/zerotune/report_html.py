@@ -61,7 +61,9 @@ def _count(value: Any) -> int:
 def write_report(results_dir: str | Path) -> Path:
     """Writes ``report.html`` and ``report/*.png`` in ``results_dir``; returns the page's path.
     Nothing is written through a link: a ``report`` link or file in the folder is replaced."""
-    root = Path(results_dir)
+    from .results_folder import expand
+
+    root = expand(results_dir)
     result = load_results(root)
     session = read_session(root)
     dp = _count(session.get("num_gpus")) * _count(session.get("num_nodes"))

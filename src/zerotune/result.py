@@ -13,6 +13,7 @@ from .cost import TuningCost, tuning_cost
 from .ranking import (MAXIMIZE, UNITS, Choice, better, choose_best, fmt_metric, fmt_number, fmt_value, shown_worse,
                       tied_with)
 from .record import read_session
+from .results_folder import busy, expand
 from .store import SESSION, DamagedTrial, ResultStore
 from .trial import TrialResult, TrialSpec, TrialState
 
@@ -35,6 +36,27 @@ class TuningResult:
     confirmed: dict[str, TrialResult] = field(default_factory=dict)
     """Per configuration measured again before the choice (see confirm.py), its re-measurements
     combined: the figures the choice was made on, minutes after the trial's own."""
+    state: str = "finished"
+    """finished; running (a tuning holds the folder now, ``pid``); interrupted (it ended before
+    its choice: stopped, or killed; a rerun resumes)."""
+    pid: int | None = None
+    """The process of the tuning that wrote the record."""
+
+    def state_line(self) -> str | None:
+        """What a reader of an unfinished tuning is told instead of its choice."""
+        done = sum(t.state is not TrialState.PRUNED for t in self.trials)
+        if self.state == "running":
+            who = f" (pid {self.pid})" if self.pid else ""
+            return f"in progress: a tuning{who} is running in this folder; {done} trial(s) finished so far"
+        if self.state == "interrupted":
+            return (f"interrupted after {done} trial(s); rerun the same tuning command to resume (finished trials "
+                    "are reused)")
+        return None
+
+    def outputs(self) -> list[str]:
+        """The output files of the folder that exist (an interrupted tuning has none)."""
+        names = ("summary.txt", "ds_config_optimal.json", "cmd_optimal.txt")
+        return [n for n in names if (Path(self.results_dir) / n).is_file()]
 
     def figure(self, trial: TrialResult) -> TrialResult:
         """``trial`` with the figures the choice read: its confirmed ones where it was measured
@@ -120,18 +142,42 @@ class TuningResult:
             states = {s: sum(t.state is s for t in trials) for s in TrialState}
             rows.append({"stage": stage, "trials": len(trials),
                          "ok": states[TrialState.OK], "oom": states[TrialState.OOM],
-                         "failed": states[TrialState.CRASHED] + states[TrialState.TIMEOUT],
+                         "failed": states[TrialState.CRASHED] + states[TrialState.TIMEOUT] + states[TrialState.KILLED],
                          "pruned": states[TrialState.PRUNED],
                          "best": fmt_value(self.metric, choice.best) if choice else "-",
                          "best_trial": choice.best.name if choice else "-"})
         return rows
 
 
+FIXES = {TrialState.OOM: "lower min_train_micro_batch_size_per_gpu or raise --memory-per-device",
+         TrialState.TIMEOUT: "raise --trial-timeout or --stall-timeout, or make the script reach its first steps "
+                             "sooner",
+         TrialState.CRASHED: "fix the error shown (the trial's rank*.stderr has it)",
+         TrialState.KILLED: "rerun: a kill from outside says nothing of the configuration",
+         TrialState.PRUNED: "raise --memory-per-device or lower min_train_micro_batch_size_per_gpu (the memory model "
+                            "predicted none to fit)"}
+"""Per way a trial ends, what lets a tuning where no trial succeeded find a configuration."""
+
+
+def no_choice_message(trials: list[TrialResult], results_dir: Path, time_budget: float | None) -> str:
+    """Why a tuning ended without a choice: each trial's end (the last few), and the fix of each
+    kind of end seen; where no trial ran, what stopped them."""
+    if not trials:
+        if time_budget is not None:
+            return (f"no trial ran: the time budget of {time_budget:g} s was spent before the first one could "
+                    "start; raise --time-budget")
+        return "no trial ran: the search found no configuration to try; widen the micro-batch bounds or stages"
+    shown = "; ".join(f"{t.name}: {t.state.value} ({t.reason})" for t in trials[-3:])
+    fixes = [FIXES[s] for s in dict.fromkeys(t.state for t in trials) if s in FIXES]
+    return (f"no configuration ran successfully: {shown}. Trial logs are in {results_dir}; "
+            + "; ".join(dict.fromkeys(fixes)))
+
+
 def load_results(results_dir: str | Path) -> TuningResult:
     """The result of a finished or interrupted tuning, read from disk without running anything:
     the trials its record (tuning.json) lists, never others an earlier tuning left in the folder.
     A trial whose result is damaged is named in the notes; a damaged record is a ZerotuneError."""
-    root = Path(results_dir)
+    root = expand(results_dir)
     session = read_session(root)
     names, metric = session.get("trials"), session.get("metric", "throughput")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or metric not in MAXIMIZE:
@@ -177,8 +223,13 @@ def load_results(results_dir: str | Path) -> TuningResult:
     env = session.get("env")
     env = {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(env, dict) else {}
     confirmed = confirmed_in(session, trials) if best is not None and best.name == session.get("best") else {}
+    state = session.get("state") if session.get("state") in ("finished", "running", "interrupted") else "finished"
+    if state == "running" and not busy(root):
+        state = "interrupted"  # its tuner was killed: nothing holds the folder
+    pid = session.get("pid") if isinstance(session.get("pid"), int) and not isinstance(session.get("pid"), bool) \
+        else None
     return TuningResult(metric=metric, trials=trials, best=best, best_config=best_config, results_dir=root, env=env,
-                        confirmed=confirmed,
+                        confirmed=confirmed, state=state, pid=pid,
                         notes=notes + damaged + ([choice.note] if choice and choice.note and choice.note not in notes
                                                  else []),
                         wall_time=wall, cost=tuning_cost(trials, best, own, wall, remeasured=remeasured,

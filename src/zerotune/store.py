@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,32 +38,37 @@ def fingerprint(data: Any) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class ResultStore:
-    """``root/<trial name>/`` per trial, plus the session's files at ``root``."""
+def make_folder(root: Path) -> None:
+    """Create the results folder (and its parents) where it is missing."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ZerotuneError(f"cannot create the results folder {root}: {e.strerror}; choose another "
+                            "--results-dir") from None
 
-    def __init__(self, root: Path, *, overwrite: bool = False, create: bool = True):
+
+class ResultStore:
+    """``root/<trial name>/`` per trial, plus the session's files at ``root``. ``made``: the
+    trial folders zerotune made in ``root`` (its record's list); only those are read as trials,
+    and each new one is added (``on_made`` is told, to record it before the trial runs)."""
+
+    def __init__(self, root: Path, *, create: bool = True, made: set[str] | None = None,
+                 on_made: Callable[[str], None] | None = None):
         """``create`` False: only read an existing folder (show, report)."""
         self.root = Path(root)
-        if not create:
-            return
-        if overwrite and self.root.is_dir():
-            for child in self.root.iterdir():
-                if child.is_symlink():  # never followed: the link alone goes, what it points to stays
-                    if (child / RESULT).exists() or (child / "probe.json").exists():
-                        child.unlink()
-                elif (child / RESULT).exists() or (child / "probe.json").exists():
-                    shutil.rmtree(child)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ZerotuneError(f"cannot create the results folder {self.root}: {e.strerror}; choose another "
-                                "--results-dir") from None
+        self.made = set(made or ())
+        self.on_made = on_made or (lambda name: None)
+        if create:
+            make_folder(self.root)
 
     def trial_dir(self, name: str) -> Path:
         """The folder of trial ``name``, a real folder directly inside the results folder: never
         a link followed out of it (a link in its place is removed, the link alone)."""
         assert name and "/" not in name and not name.startswith("."), f"unsafe trial name {name!r}"
         d = self.root / name
+        if name not in self.made:
+            self.made.add(name)
+            self.on_made(name)
         if d.is_symlink() or (d.exists() and not d.is_dir()):
             d.unlink()
         d.mkdir(exist_ok=True)
@@ -94,12 +99,14 @@ class ResultStore:
             raise DamagedTrial(name, f"its result.json is damaged ({why})") from None
 
     def stored(self) -> dict[str, dict[str, Any]]:
-        """Every trial folder's result.json, readable or not (None), by folder name."""
+        """Every trial folder's result.json, readable or not ({}), by folder name: the folders
+        zerotune made here, never another folder that happens to hold a result.json."""
         out: dict[str, Any] = {}
-        for path in sorted(self.root.glob(f"*/{RESULT}")):
-            if path.parent.is_symlink():
+        for name in sorted(self.made):
+            path = self.root / name
+            if path.is_symlink() or not (path / RESULT).is_file():
                 continue
-            out[path.parent.name] = self.load_raw(path.parent.name) or {}
+            out[name] = self.load_raw(name) or {}
         return out
 
     def save(self, result: TrialResult, meta: dict[str, Any]) -> None:

@@ -19,6 +19,9 @@ class TrialState(str, enum.Enum):
     CRASHED = "crashed"
     PRUNED = "pruned"
     """Never launched: predicted not to fit, or invalid for the user's settings."""
+    KILLED = "killed"
+    """A rank was killed from outside zerotune (not by the kernel for memory): no verdict on the
+    configuration; a rerun measures it again."""
 
 
 SHORT_KEYS = {"zero_optimization.offload_optimizer.device": "oo", "zero_optimization.offload_param.device": "op",

@@ -10,18 +10,20 @@ from typing import Any
 from . import hardware
 from ._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .accelerate_job import AccelerateLaunch, is_accelerate_launch
+from .api_check import checked
 from .cluster import Cluster, check_counts
 from .confirm import confirm, earlier_confirmation
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
 from .cost import tuning_cost
-from .launch import Launcher, TrialJob, reap, trial_env
+from .launch import Launcher, TrialJob, end_leftovers, leftovers_line, trial_env
 from .loop import PhaseRun
 from .memory import MemoryModel
 from .memory_terms import MemorySetup
 from .ranking import choose_best
 from .record import Identity, TuningEvent, TuningRecord
-from .result import TuningResult
+from .result import TuningResult, no_choice_message
+from .results_folder import FolderLock, claim, discard, expand, make_folder
 from .search import MicroBatchSearch, Searcher
 from .settings import MeasureSettings
 from .space import invalid_reason, trial_config
@@ -54,6 +56,7 @@ class Autotuner:
     ``on_event`` receives a :class:`TuningEvent` for each step of progress; the core never prints.
     """
 
+    @checked
     def __init__(self, command: list[str] | Callable[[dict[str, Any]], Any],
                  ds_config: str | Path | dict[str, Any] | None = None, *,
                  num_gpus: int | None = None, num_nodes: int | None = None,
@@ -81,7 +84,7 @@ class Autotuner:
                             master_addr=master_addr)
         check_counts(num_gpus, num_nodes)  # before anything runs the script
         self.target: Target = detect(self.command, ds_config, lightning,
-                                     inspect_dir=Path(results_dir or "autotuning_results") / "_inspect",
+                                     inspect_dir=expand(results_dir or "autotuning_results") / "_inspect",
                                      env=trial_env(1, self.node.device), accelerate=accelerate)
         num_gpus = self.target.processes(num_gpus)
         self.user_config = load_ds_config(require_config(self.target.config_source(ds_config)))
@@ -99,7 +102,8 @@ class Autotuner:
         at = self.request.autotuning
         self.dp = self.world // at.mp_size
         self.budget = self._budget(memory_per_device)
-        self.results_dir = Path(results_dir or at.results_dir)
+        self.results_dir = expand(results_dir or at.results_dir)
+        claim(self.results_dir)  # a folder that is not zerotune's is refused before anything runs
         self.overwrite = at.overwrite if overwrite is None else overwrite
         self.time_budget = parse_duration(budget, what="budget (--time-budget)") if budget else None
         self.launcher = launcher or self.cluster.make_launcher()
@@ -183,19 +187,28 @@ class Autotuner:
 
     def tune(self) -> TuningResult:
         """Run the search. Each call starts from a fresh state; finished trials on disk whose
-        identity is unchanged are reused, so a rerun (or a second call) resumes."""
+        identity is unchanged are reused, so a rerun (or a second call) resumes. The results
+        folder is locked for the tuning's whole run: a second tuning of it is refused."""
+        previous = claim(self.results_dir)
+        make_folder(self.results_dir)
+        with FolderLock(self.results_dir):
+            if self.overwrite:
+                discard(self.results_dir, previous)
+                previous = None
+            self.overwrite = False  # a second tune() on this object resumes
+            return self._tune(previous)
+
+    def _tune(self, previous: dict[str, Any] | None) -> TuningResult:
         at = self.request.autotuning
         record = TuningRecord(self.results_dir, identity=self.identity(), session=self._session_info(),
-                              overwrite=self.overwrite, retry_failed=self.retry_failed,
+                              previous=previous, retry_failed=self.retry_failed,
                               max_trials=at.tuner_num_trials, on_event=self.on_event)
         self.record, self.result = record, None
-        self.overwrite = False  # a second tune() on this object resumes
         searcher = self.custom_searcher or self.default_searcher()
         start = time.monotonic()
         self.launcher.preflight()  # a missing tool or an unreachable host: one error before any trial
-        if reaped := reap(self.results_dir):
-            record.note(f"ended {reaped} trial process(es) left running by an earlier, killed tuning of "
-                        f"{self.results_dir}")
+        if line := leftovers_line(end_leftovers(self.results_dir), "an earlier, killed tuning of this folder"):
+            record.note(line)
         if line := record.resume_line(self.config_for):
             record.note(line)
         if line := self.batch_options_line():
@@ -218,13 +231,13 @@ class Autotuner:
                 else:
                     confirmation = confirm(self, record, choice, earlier=earlier)
         except BaseException:
-            self.launcher.close()
+            self._end_processes(record)
             try:
                 record.write_session("interrupted", wall=time.monotonic() - start)
             except ZerotuneError:
                 pass  # the disk is full: the error being raised says so; finished trials are on disk
             raise
-        self.launcher.close()  # warm processes end with the tuning
+        self._end_processes(record)  # warm processes end with the tuning
         wall = time.monotonic() - start
         trials = record.trials
         choice = choose_best(trials, at.metric)
@@ -248,12 +261,15 @@ class Autotuner:
 
         write_outputs(self)
         if best is None:
-            raise NoFeasibleConfigError(
-                "no configuration ran successfully: " + "; ".join(f"{t.name}: {t.state.value} ({t.reason})"
-                                                               for t in trials[-3:])
-                + f". Trial logs are in {self.results_dir}; lower min_train_micro_batch_size_per_gpu, raise "
-                  "--memory-per-device, or fix the error shown")
+            raise NoFeasibleConfigError(no_choice_message(trials, self.results_dir, self.time_budget))
         return self.result
+
+    def _end_processes(self, record: TuningRecord) -> None:
+        """End the launcher's processes, then any process a trial left running outside them (a
+        daemon the script started), which the summary names."""
+        self.launcher.close()
+        if line := leftovers_line(end_leftovers(self.results_dir, own=True), "this tuning's trials"):
+            record.note(line)
 
     def _phases(self, searcher: Searcher, record: TuningRecord):
         """(searcher, stopping rule) in turn; each is built when the one before has finished."""

@@ -9,7 +9,9 @@ Faults: exit1 (every rank exits with status 1), segv (rank 1 dies of SIGSEGV), h
 stops making progress), oom (a CUDA out-of-memory error), error_words (prints "error" lines but
 trains fine), rank_dies (rank 1 vanishes while rank 0 waits in the next all-reduce),
 slow_start (sleeps before deepspeed.initialize, then trains fine), ignore_term (every rank ignores
-SIGTERM and stops making progress: only SIGKILL ends it).
+SIGTERM and stops making progress: only SIGKILL ends it), killed (rank 1 is killed with SIGKILL, as
+a user's `kill -9` or a watchdog does), daemon (rank 0 starts a daemon in a session of its own,
+which sleeps for 900 s, then trains fine).
 """
 import argparse
 import json
@@ -75,6 +77,20 @@ def main() -> None:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         if fault == "rank_dies" and rank == 1:
             os._exit(7)
+        if fault == "killed" and rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault == "daemon" and rank == 0:
+            start_daemon()
+
+
+def start_daemon() -> None:
+    """The classic double fork: the daemon is in a session of its own, its parent gone."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp("sleep", ["sleep", "900"])
+        os._exit(0)
+    os.wait()
 
 
 if __name__ == "__main__":

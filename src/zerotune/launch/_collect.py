@@ -12,6 +12,7 @@ from typing import Any
 
 from ..step_stats import estimate_is_stable, is_stable, split_disturbed, summarize
 from ..trial import Measurement, TrialResult, TrialSpec, TrialState
+from .._proc import exit_file, read_exit
 from ..units import format_size
 from ._build_locks import lock_hint
 
@@ -102,9 +103,11 @@ _FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Floati
 
 def _missing_cause(trial_dir: Path, ranks: list[dict | None], *, generic: bool) -> str | None:
     """Why ranks ended without reporting: a fatal signal that Python's faulthandler wrote to the
-    rank's stderr, else a signal the launcher's log names for the first failing process
-    ("oom-killer" for SIGKILL), else (``generic``) which rank went silent. None when every rank
-    reported, or when nothing specific is known and not ``generic``."""
+    rank's stderr, else the signal the first of them to die was killed by (its waiter's record,
+    see probe._waiter), else a signal the launcher's log names for the first failing process it
+    found (:data:`SIGKILL` for that signal, whose sender :func:`_sigkilled` tells), else
+    (``generic``) which rank went silent. None when every rank reported, or when nothing
+    specific is known and not ``generic``."""
     missing = [r for r, data in enumerate(ranks) if data is None]
     if not missing:
         return None
@@ -115,17 +118,53 @@ def _missing_cause(trial_dir: Path, ranks: list[dict | None], *, generic: bool) 
             sig = _FATAL_SIGNALS[m.group(1)]
             return f"rank {r} was killed by {_signal_name(signal.Signals[sig].value)}; its Python stack is in " \
                    f"rank{r}.stderr"
+    deaths = sorted((exit_file(trial_dir, r).stat().st_mtime, r, sig) for r in missing
+                    if (sig := read_exit(trial_dir, r)) is not None)
+    if deaths:
+        _, r, sig = deaths[0]  # the first to die; the others are ended after it
+        return SIGKILL if sig == signal.SIGKILL else f"rank {r} was killed by {_signal_name(sig)}"
     log = trial_dir / "launcher.log"
     codes = [int(a or b) for a, b in _RETURN_CODE.findall(log.read_text(errors="replace"))] if log.exists() else []
     first = next((c for c in codes if c), None)
     if first == -9:
-        return "oom-killer"
+        return SIGKILL
     if first is not None and first < 0:
         return f"a rank was killed by {_signal_name(-first)}"
     if generic:
         return f"rank {missing[0]} ended without reporting a result" + (f" (a process exited with status {first})"
                                                                          if first else "")
     return None
+
+
+SIGKILL = "SIGKILL"
+NEAR_LIMIT = 0.9
+"""A rank killed by SIGKILL with a peak at least this share of the memory budget, where the
+kernel's count of OOM kills cannot be read, is taken as killed for memory."""
+
+
+def _sigkilled(result: TrialResult, oom_kills: int | None, budget: int | None, then: str = "") -> TrialResult:
+    """The verdict on a rank killed by SIGKILL: out of memory where the kernel counted an OOM
+    kill during the trial (or, where it keeps no count, where the peak was near the budget);
+    else killed from outside, which says nothing of the configuration's memory."""
+    peak = result.max_peak
+    near = bool(budget and peak and peak >= NEAR_LIMIT * budget)
+    if oom_kills:
+        result.state = TrialState.OOM
+        reason = (f"a rank was killed by the kernel's out-of-memory killer ({oom_kills} OOM kill(s) counted in "
+                  "the memory cgroup during the trial)")
+    elif oom_kills is None and near:
+        result.state = TrialState.OOM
+        reason = (f"a rank was killed by SIGKILL at a peak of {format_size(peak)} against the budget of "
+                  f"{format_size(budget)}: most likely the kernel's out-of-memory killer")
+    else:
+        result.state = TrialState.KILLED
+        evidence = ("the kernel counted no out-of-memory kill" if oom_kills == 0
+                    else f"its peak {format_size(peak)} was far below the budget {format_size(budget)}"
+                    if peak and budget else "no sign of an out-of-memory kill")
+        reason = (f"a rank was killed by SIGKILL from outside zerotune ({evidence}): not a verdict on the "
+                  "configuration, which a rerun measures again")
+    result.reason = f"{reason}; then {then}" if then else reason
+    return result
 
 
 def port_in_use(trial_dir: Path, world: int) -> bool:
@@ -144,8 +183,9 @@ def collect(**kw) -> TrialResult:
 
 def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | None, timed_out: bool,
              timeout: float, wall_time: float, budget: int | None, min_steps: int, rel_ci: float,
-             hung: str | None = None) -> TrialResult:
-    """``hung``: why the launcher ended a trial that stopped making progress."""
+             hung: str | None = None, oom_kills: int | None = None) -> TrialResult:
+    """``hung``: why the launcher ended a trial that stopped making progress. ``oom_kills``: the
+    OOM kills the kernel counted during the trial (None: unknown)."""
     ranks = _read_ranks(trial_dir, world)
     present = [r for r in ranks if r is not None]
     result = TrialResult(spec=spec, state=TrialState.CRASHED, wall_time=wall_time, budget=budget)
@@ -173,10 +213,8 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
     if "crashed" in states:
         cause = _missing_cause(trial_dir, ranks, generic=True)
         reported = next(r["reason"] for r in present if r["state"] == "crashed")
-        if cause == "oom-killer":
-            result.state = TrialState.OOM
-            result.reason = f"a rank was killed by SIGKILL, most likely the kernel's out-of-memory killer; then {reported}"
-            return result
+        if cause == SIGKILL:
+            return _sigkilled(result, oom_kills, budget, then=reported)
         result.reason = f"{cause}; then {reported}" if cause else reported
         return result
     rank0 = ranks[0]
@@ -186,10 +224,8 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
                                                                               or "see rank stderr") + ")"
             return result
         cause = _missing_cause(trial_dir, ranks, generic=False)
-        if cause == "oom-killer":
-            result.state = TrialState.OOM
-            result.reason = "a rank was killed by SIGKILL, most likely the kernel's out-of-memory killer"
-            return result
+        if cause == SIGKILL:
+            return _sigkilled(result, oom_kills, budget)
         detail = (cause or _last_error_line(trial_dir, world) or _missing_cause(trial_dir, ranks, generic=True)
                   or f"the launcher exited with status {returncode}")
         result.reason = f"{detail} (see {trial_dir}/rank*.stderr)"

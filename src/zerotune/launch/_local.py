@@ -12,7 +12,8 @@ from ..store import write_atomic, write_json
 from ..trial import TrialResult, TrialState
 from ._base import TrialJob
 from ._collect import port_in_use
-from ._process import ProcessGroup, free_port, ranks_argv, remove_shm_buffers, trial_env
+from ._leftovers import note_port, remove_shm_buffers
+from ._process import ProcessGroup, free_port, ranks_argv, trial_env
 from ._slots import visible_gpus
 from ._supervise import SupervisingLauncher, clear_rank_files
 from ._warm import WarmGroup, run_in_group, signature, started_as_text
@@ -157,6 +158,7 @@ class LocalLauncher(SupervisingLauncher):
         gpus = list(slot.devices) if slot is not None and self.device == "cuda" else (
             visible_gpus(job.num_gpus) if self.device == "cuda" else None)
         port = free_port()
+        note_port(job.work_dir or d.parent, port)
         argv = ranks_argv(job.program_launcher, job.num_gpus, port, gpus)
         with self._lock:
             if self._spawner is None:
@@ -177,11 +179,12 @@ class LocalLauncher(SupervisingLauncher):
         warm = self._warm.pop(key, None)
         if warm is None:
             return
-        write_atomic(warm.pool / "retired.txt", why + "\n")
         with self._lock:
             self._running.discard(warm.group)
+        # The processes and their buffers go first: the note below can fail (a full disk).
         warm.group.kill(grace=0.0 if warm.idle else 3.0)
         remove_shm_buffers(warm.port)
+        write_atomic(warm.pool / "retired.txt", why + "\n")
 
     def close(self) -> None:
         for key in list(self._warm):

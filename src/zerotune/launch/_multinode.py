@@ -20,8 +20,8 @@ from ..store import write_atomic
 from ..trial import TrialResult
 from ._base import TrialJob
 from ._hosts import Host
-from ._orphans import TUNER_PID
-from ._process import FIGURE_ENV, ProcessGroup, free_port, remove_shm_buffers, trial_env
+from ._leftovers import RESULTS_ENV, TUNER_PID, remove_shm_buffers
+from ._process import FIGURE_ENV, ProcessGroup, free_port, trial_env
 from ._supervise import SupervisingLauncher
 
 RUNNER_TOOLS = {"pdsh": "pdsh", "openmpi": "mpirun", "mpich": "mpirun", "mvapich": "mpirun", "slurm": "srun",
@@ -29,7 +29,7 @@ RUNNER_TOOLS = {"pdsh": "pdsh", "openmpi": "mpirun", "mpich": "mpirun", "mvapich
 """DeepSpeed runner launchers and the program each needs on this machine."""
 LAUNCHERS = ("torchrun", *RUNNER_TOOLS)
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
-FORWARDED = (*FIGURE_ENV, "PYTHONPATH", "ZEROTUNE_PROBE", TUNER_PID)
+FORWARDED = (*FIGURE_ENV, "PYTHONPATH", "ZEROTUNE_PROBE", RESULTS_ENV, TUNER_PID)
 
 
 class MultiNodeLauncher(SupervisingLauncher):
@@ -39,6 +39,7 @@ class MultiNodeLauncher(SupervisingLauncher):
         super().__init__(device=device)
         self.hosts, self.kind = hosts, launcher
         self.master_addr = master_addr or ("127.0.0.1" if hosts[0].local else hosts[0].name)
+        self.buffer_addr = self.master_addr
 
     # -- before any trial ----------------------------------------------------------------------
     def preflight(self) -> None:

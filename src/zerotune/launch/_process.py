@@ -23,23 +23,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-SHM_DIR = Path("/dev/shm")
-
-
-def remove_shm_buffers(port: int, addr: str = "127.0.0.1", shm_dir: Path = SHM_DIR) -> int:
-    """Remove the shared-memory allreduce buffers DeepSpeed's CPU backend made for the job on
-    ``addr:port``. DeepSpeed never unlinks them (about 66 MB per rank), so without this every
-    trial on CPU would leave them in /dev/shm until the machine runs out of memory."""
-    removed = 0
-    for path in shm_dir.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_*"):
-        try:
-            path.unlink()
-            removed += 1
-        except OSError:
-            pass
-    return removed
-
-
 CPU_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
 """glibc's allocator settings for CPU trials: where its dynamic rule ends up. glibc serves an
 allocation above its mmap threshold with a mapping of its own, and each such free raises the

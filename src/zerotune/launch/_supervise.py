@@ -3,7 +3,6 @@ until they end, report, time out or hang, then ended and the outcome classified.
 from __future__ import annotations
 
 import abc
-import os
 import subprocess
 import threading
 import time
@@ -15,7 +14,8 @@ from ..trial import TrialResult
 from ._base import Launcher, TrialJob
 from ._collect import collect
 from ._process import ProcessGroup, stalled, trial_env
-from ._orphans import TUNER_PID
+from ._leftovers import note_port, trial_env_marks
+from ._oom_kills import oom_kill_count, oom_kills_since
 
 FAILED_NODE_GRACE = 2.0
 """Seconds the other nodes get once one node's processes failed: theirs wait in a collective
@@ -37,6 +37,9 @@ class SupervisingLauncher(Launcher):
     def start(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> list[ProcessGroup]:
         """Start the trial's processes (they read ``d/probe.json``) and write ``d/cmd.txt``."""
 
+    buffer_addr = "127.0.0.1"
+    """The rendezvous address DeepSpeed's shared-memory buffers on this host are named by."""
+
     def world(self, job: TrialJob) -> int:
         return job.num_gpus
 
@@ -57,12 +60,15 @@ class SupervisingLauncher(Launcher):
                 self._cpu_info[answer] = cpu_info.prefetch(answer)
         env = trial_env(job.num_gpus, self.device, {**job.env, **(extra_env or {}),
                                                     "ZEROTUNE_PROBE": str(d / "probe.json"),
-                                                    TUNER_PID: str(os.getpid()), cpu_info.ENV: str(answer)})
+                                                    **trial_env_marks(job.work_dir or d.parent),
+                                                    cpu_info.ENV: str(answer)})
         return d, env
 
     def attempt(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> TrialResult:
         world, m = self.world(job), job.measure
         start = time.monotonic()
+        note_port(job.work_dir or d.parent, port, self.buffer_addr)
+        kills_before = oom_kill_count()
         groups = self.start(job, d, env, port)
         with self._lock:
             self._running.update(groups)
@@ -91,7 +97,8 @@ class SupervisingLauncher(Launcher):
         codes = [g.proc.returncode for g in groups]
         return collect(spec=job.spec, trial_dir=d, world=world, returncode=next((c for c in codes if c), codes[0]),
                        timed_out=timed_out, timeout=m.trial_timeout, wall_time=time.monotonic() - start,
-                       budget=job.budget, min_steps=job.min_steps, rel_ci=m.precision, hung=hung)
+                       budget=job.budget, min_steps=job.min_steps, rel_ci=m.precision, hung=hung,
+                       oom_kills=oom_kills_since(kills_before))
 
     def close(self) -> None:
         with self._lock:

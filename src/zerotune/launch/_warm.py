@@ -10,6 +10,7 @@ environment), or after ``cap`` trials. The result of the trial that retired it s
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from ..store import write_atomic, write_json
 from ..trial import TrialResult
 from ._base import TrialJob
 from ._collect import collect
+from ._oom_kills import oom_kill_count, oom_kills_since
 from ._process import ProcessGroup, stalled
 
 FAILED_RANK_GRACE = 2.0
@@ -107,6 +109,7 @@ def run_in_group(warm: WarmGroup, job: TrialJob, d: Path) -> tuple[TrialResult, 
                                 f"trials is in {warm.pool}):\n{warm.started_as}")
     write_atomic(d / "launcher.log", f"zerotune: trial {index} of the warm processes in {warm.pool}\n")
     start = time.monotonic()
+    kills_before = oom_kill_count()
     warm.order(d / "probe.json", kind_of(job.config))
     timed_out, hung, failed_at = False, None, None
     while True:
@@ -129,9 +132,11 @@ def run_in_group(warm: WarmGroup, job: TrialJob, d: Path) -> tuple[TrialResult, 
     if not warm.alive or timed_out or hung:
         with open(d / "launcher.log", "a") as f:
             f.write(warm.log_since(offset))
+    for record in warm.pool.glob("rank*.exit"):  # how a rank died, as its waiter recorded it
+        os.replace(record, d / record.name)
     result = collect(spec=job.spec, trial_dir=d, world=warm.world, returncode=code, timed_out=timed_out,
                      timeout=m.trial_timeout, wall_time=wall, budget=job.budget, min_steps=job.min_steps,
-                     rel_ci=m.precision, hung=hung)
+                     rel_ci=m.precision, hung=hung, oom_kills=oom_kills_since(kills_before))
     why = next((x["why"] for x in done if x is not None and not x["clean"]), "")
     if not why and None in done:
         why = result.reason or ("the processes ended" if code is not None else "no rank finished its teardown")

@@ -23,6 +23,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from ..api_check import checked
 from ..config import STAGES, parse_stages
 from ..lightning_job import is_tuned_config
 from ._tuning import TuneFirstLauncher, Tuning
@@ -51,6 +52,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
 
     strategy_name = "deepspeed_autotune"
 
+    @checked
     def __init__(self, *args: Any, autotune: bool = True, stages: Sequence[int] | None = None,
                  offload: bool | None = None,
                  metric: str = "throughput", global_batch: int | None = None, time_budget: float | str | None = None,

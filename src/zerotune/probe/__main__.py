@@ -29,6 +29,10 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     mode = spec["mode"]
+    if mode in ("measure", "serve"):
+        from ._waiter import run_watched
+
+        run_watched(Path(spec["pool"] if mode == "serve" else spec["out_dir"]), rank)  # returns in the rank
     if mode == "serve":
         from ._warm import serve
 

@@ -54,8 +54,10 @@ def run_measured(spec: dict[str, Any], rank: int, local_rank: int, *, warm: bool
         return probe, "" if stop.code == 0 else f"the trial ended with status {stop.code}"
     except SystemExit as e:
         if e.code not in (0, None):
-            return probe, _failed(probe, "crashed", f"the script exited with status {e.code}",
-                                  e.code if isinstance(e.code, int) else 1)
+            # sys.exit("message") prints the message and exits with status 1.
+            why = (f"the script exited with status {e.code}" if isinstance(e.code, int)
+                   else f"the script exited with status 1 and the message {str(e.code)[:300]!r}")
+            return probe, _failed(probe, "crashed", why, e.code if isinstance(e.code, int) else 1)
     except BaseException as e:
         from ._memory import is_oom_error
 
@@ -68,6 +70,10 @@ def run_measured(spec: dict[str, Any], rank: int, local_rank: int, *, warm: bool
     if probe.finished is not None:
         return probe, ("the script caught zerotune's stop (except BaseException) and ran on to its end; "
                        "its result stands")
+    if probe.engine is None and not spec.get("lightning_config"):
+        return probe, _failed(probe, "crashed", "the script ended without calling deepspeed.initialize, so there "
+                              "was no training to measure; check that it trains with the ds_config it is given "
+                              "(--deepspeed_config) and does not stop before its training loop", 1)
     # The script ended on its own before the estimate was stable: keep what was measured.
     probe.write("ok", "the script finished before the measurement was stable")
     if not warm:

@@ -188,6 +188,7 @@ class MicroBatchSearch(Searcher):
     def _largest_fit(self, stage: int) -> Generator[Suggestion, TrialResult, int | None]:
         ok_max: int | None = None
         oom_min: int | None = None
+        failed: TrialResult | None = None
         mb = self._first_guess(stage)
         for _ in range(MAX_PHASE1_TRIALS):
             result = yield Suggestion(self.spec(stage, mb))
@@ -196,6 +197,7 @@ class MicroBatchSearch(Searcher):
             elif result.state in (TrialState.OOM, TrialState.TIMEOUT):
                 # A timeout at a larger micro-batch is treated as "too large" too: smaller ones are faster.
                 oom_min = min(oom_min or mb, mb)
+                failed = result
             else:
                 self.notes.append(f"stage {stage}: {result.name} {result.state.value} ({result.reason}); "
                                   "no further trials of this stage")
@@ -228,7 +230,10 @@ class MicroBatchSearch(Searcher):
                                                         f"{format_size(self.budget)}")
                 break
             mb = target
-        if ok_max is None:
+        if ok_max is None and failed is not None and failed.state is TrialState.TIMEOUT:
+            self.notes.append(f"stage {stage}: no micro-batch in {self.candidates} finished in time ({failed.name}: "
+                              f"{failed.reason})")
+        elif ok_max is None:
             self.notes.append(f"stage {stage}: no micro-batch in {self.candidates} fits the budget")
         return ok_max
 
