@@ -7,11 +7,13 @@
 #      memory side by side) and a soak of warm trials across stages 0-3 (device memory after
 #      each teardown back at its level);
 #   4. the memory budget on the GPU (--memory-per-device): peaks above it end "oom", and the
-#      memory model prunes what it predicts will not fit.
+#      memory model prunes what it predicts will not fit;
+#   5. nothing left behind: no trial process of the tunings above alive (each rank runs under
+#      its waiter, forked before CUDA starts), every results folder marked as zerotune's.
 #
 #   bash bench/gpu_check.sh [OUT]      # OUT: where the logs and results.tgz go (default bench/results/gpu)
 #
-# Needs torch with CUDA, DeepSpeed, pydantic, rich and hjson importable; where a folder .whl of
+# Needs torch with CUDA, DeepSpeed, pydantic, rich, hjson and filelock importable; where a folder .whl of
 # wheels is present, they are installed into /tmp/site first (a machine without a package
 # registry, such as a lent device machine).
 set -u
@@ -103,5 +105,28 @@ tail -n 20 "$out/warm_vs_cold.log"
 
 step "4. the memory budget on the GPU (--memory-per-device 600MB)"
 tune budget 90 --memory-per-device 600MB examples/gpt.py --deepspeed_config examples/ds_config.json
+
+step "5. nothing left behind: trial processes alive (0 expected), results folders zerotune's"
+"$py" - "$work" <<'EOF'
+import json, os, sys
+from pathlib import Path
+work = str(Path(sys.argv[1]).resolve())
+alive = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        env = open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace")
+    except OSError:
+        continue
+    if f"ZEROTUNE_RESULTS={work}" in env:
+        alive.append(pid)
+print("trial processes alive:", len(alive), alive[:5])
+for run in ("tune", "oom", "budget"):
+    try:
+        record = json.loads((Path(work) / run / "tuning.json").read_text())
+    except (OSError, ValueError) as e:
+        print(run, "no tuning.json:", type(e).__name__)
+        continue
+    print(run, "zerotune's:", "zerotune" in record, "state:", record.get("state"), "made:", len(record.get("made", [])))
+EOF
 
 step "done"

@@ -193,3 +193,20 @@ def test_a_damaged_record_is_rebuilt_and_its_trials_reused(tuner_factory, tmp_pa
     again = second.tune()
     assert again.best.name == first.best.name
     assert any(e.kind == "reused" for e in second.events) and second.record.launched == 0
+
+
+def test_show_ends_what_a_killed_tuning_left_running_and_says_so(tuner_factory, tmp_path):
+    from procs import sleeper
+
+    tuner_factory(memory="6GiB").tune()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = sleeper("results", str(dead.pid), cwd=tmp_path)  # the folder as a relative path, as the default
+    try:
+        out = run_cli(["show", "results"], tmp_path, tmp_path / "results")
+        assert out.code == 0, out.err + out.traceback
+        assert left.wait(timeout=30) == -9
+        assert f"ended 1 process(es) that an earlier, killed tuning of this folder left running: {left.pid}" in out.err
+    finally:
+        left.kill()
+        left.wait()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ def expand(path: str | Path) -> Path:
     """A results folder as given (option, config or argument), ``~`` and ``$VAR`` expanded as
     a shell would; a variable that is not set is refused rather than made a literal folder."""
     text = os.path.expandvars(os.path.expanduser(str(path)))
-    if text.startswith("~") or "$" in text:
+    if text.startswith("~") or re.search(r"\$(\w+|\{[^}]*\})", text):
         raise ConfigError(f"the results folder {str(path)!r} names a home folder or variable that is not set "
                           f"({text!r} after expansion); give a plain path")
     return Path(text)

@@ -118,8 +118,9 @@ def _missing_cause(trial_dir: Path, ranks: list[dict | None], *, generic: bool) 
             sig = _FATAL_SIGNALS[m.group(1)]
             return f"rank {r} was killed by {_signal_name(signal.Signals[sig].value)}; its Python stack is in " \
                    f"rank{r}.stderr"
+    # SIGTERM and SIGINT are the clean-up's (the launcher's, zerotune's) once a rank has failed.
     deaths = sorted((exit_file(trial_dir, r).stat().st_mtime, r, sig) for r in missing
-                    if (sig := read_exit(trial_dir, r)) is not None)
+                    if (sig := read_exit(trial_dir, r)) not in (None, signal.SIGTERM, signal.SIGINT))
     if deaths:
         _, r, sig = deaths[0]  # the first to die; the others are ended after it
         return SIGKILL if sig == signal.SIGKILL else f"rank {r} was killed by {_signal_name(sig)}"
