@@ -225,7 +225,7 @@ def test_a_rerun_that_resumes_reuses_the_re_measurements(tuner_factory):
     first = make()
     best = first.tune().best.name
     confirms = [j for j in first.launcher.jobs if j.trial_dir.name.startswith("confirm")]
-    assert confirms and all(j.measure.max_seconds <= 5.0 for j in confirms)  # short, interleaved rounds
+    assert confirms and all(j.window_seconds <= 5.0 for j in confirms)  # short, interleaved rounds
     again = make()
     result = again.tune()
     assert again.launcher.jobs == []  # nothing measured again, the re-measurements included
@@ -291,8 +291,10 @@ def test_a_tie_is_settled_by_measuring_on_rather_than_by_a_second_round(tuner_fa
     (job,) = confirms_of(tuner)
     trial = next(t for t in result.trials if t.name == "z2_mb8_gas4")
     assert job.spec.name == "z1_mb8_gas4" and job.settle["value"] == trial.metric("throughput")
-    assert job.settle["max_seconds"] == tuner.measure.max_seconds > job.measure.max_seconds
-    assert job.probe_spec(job.trial_dir)["settle"] == job.settle  # what the probe reads (probe.json)
+    spec = job.probe_spec(job.trial_dir)  # what the probe reads (probe.json)
+    assert spec["settle"] == job.settle and "max_seconds" not in job.settle
+    # One cap, the trial's, and the window before it: each read in one place by the probe.
+    assert spec["max_seconds"] == tuner.measure.max_seconds == 10.0 and spec["window_seconds"] == 5.0
     remeasured = result.confirmed["z1_mb8_gas4"]
     assert remeasured.measurement.steps_measured > 10  # past its window's steps
     assert most_faster(trial, remeasured, "throughput") <= 0.03 < most_faster(
@@ -311,12 +313,11 @@ def test_a_trial_stopped_early_or_retired_is_measured_again():
     base = measured(1.0, 0.01)
     warm = replace(base, start="warm (trial 3 of its processes)")
     group = [warm]
-    tuner = SimpleNamespace(slots=["slot0"])
-    assert trial_first(tuner, SimpleNamespace(last_run=warm), group) == warm.name
+    assert trial_first(["slot0"], SimpleNamespace(last_run=warm), group) == warm.name
     for last in (replace(warm, retired="a leak"), base,  # retired; cold
                  replace(warm, measurement=replace(warm.measurement, early_stop=True))):
-        assert trial_first(tuner, SimpleNamespace(last_run=last), group) is None
-    assert trial_first(SimpleNamespace(slots=["a", "b"]), SimpleNamespace(last_run=warm), group) is None
+        assert trial_first(["slot0"], SimpleNamespace(last_run=last), group) is None
+    assert trial_first(["a", "b"], SimpleNamespace(last_run=warm), group) is None
 
 
 
@@ -350,7 +351,7 @@ def test_a_re_measurement_measures_five_seconds_and_as_many_steps_as_a_trial(tun
     confirms = [j for j in launcher.jobs if j.trial_dir.name.startswith("confirm")]
     assert confirms and trials
     for job in confirms:
-        assert job.measure.max_seconds == 5.0 and job.min_steps == trials[0].min_steps == 3
+        assert job.window_seconds == 5.0 and job.min_steps == trials[0].min_steps == 3
 
 
 def test_the_probe_s_pair_rule_is_the_confirmation_s_for_two_candidates():

@@ -37,7 +37,7 @@ def test_the_summary_and_json_say_what_the_tuning_cost(tuner_factory, tmp_path):
     machine = FakeMachine(knob_speed={("zero_optimization.overlap_comm", True): 1.5})
     tuner = tuner_factory(memory="16GiB", machine=machine, autotuning={"fast": False},
                           config={"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8})
-    assert tuner.own_spec == TrialSpec(stage=2, micro_batch=8, grad_accum=4)
+    assert tuner.trials.own_spec == TrialSpec(stage=2, micro_batch=8, grad_accum=4)
     result = tuner.tune()
     assert dict(result.best.spec.overrides).get("zero_optimization.overlap_comm") is True
     assert result.cost.payback_steps is not None and result.cost.trials == tuner.record.launched

@@ -117,8 +117,8 @@ def test_tuner_needs_a_hostfile_for_several_nodes(tuner_factory):
 def test_tuner_spans_the_hostfile(tuner_factory, tmp_path):
     tuner = tuner_factory(hostfile=hostfile(tmp_path), include="worker-0:0,1@worker-1:0,1",
                           multinode_launcher="torchrun")
-    assert (tuner.num_nodes, tuner.num_gpus, tuner.world, tuner.dp) == (2, 2, 4, 4)
-    assert tuner.candidates() == [1, 2, 4, 8, 16]  # the global batch of 64 over 4 data-parallel ranks
+    assert (tuner.num_nodes, tuner.num_gpus, tuner.world, tuner.trials.dp) == (2, 2, 4, 4)
+    assert tuner.trials.candidates() == [1, 2, 4, 8, 16]  # the global batch of 64 over 4 data-parallel ranks
 
 
 def test_trials_across_nodes_run_cold_and_say_why(tuner_factory, tmp_path):

@@ -107,6 +107,6 @@ def test_process_count_must_match_the_trainer(lightning_tuner):
 
 def test_the_programs_untuned_config_is_the_payback_baseline(lightning_tuner):
     tuner = lightning_tuner()
-    assert tuner.own_spec == TrialSpec(stage=2, micro_batch=8, grad_accum=2)  # Lightning's stage, its batch
+    assert tuner.trials.own_spec == TrialSpec(stage=2, micro_batch=8, grad_accum=2)  # Lightning's stage, its batch
     result = tuner.tune()
-    assert tuner.own_spec.name in result.cost.payback_note
+    assert tuner.trials.own_spec.name in result.cost.payback_note

@@ -154,3 +154,11 @@ def test_strategy_options_of_the_wrong_type_are_named(option, value):
     with pytest.raises(ConfigError, match=f"{option}=") as info:
         AutotuneDeepSpeedStrategy(**{option: value})
     assert isinstance(info.value, ValueError)
+
+
+def test_strategy_measurement_options_are_the_api_s_and_checked_at_once():
+    strategy = AutotuneDeepSpeedStrategy(precision=0.05, max_measure_seconds=6.0, stall_timeout=60.0)
+    assert (strategy.tuning.precision, strategy.tuning.max_measure_seconds, strategy.tuning.stall_timeout) == \
+        (0.05, 6.0, 60.0)
+    with pytest.raises(ConfigError, match="precision"):
+        AutotuneDeepSpeedStrategy(precision=2.0)

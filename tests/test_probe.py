@@ -323,13 +323,13 @@ def test_fixed_warm_up_is_kept_when_asked_for(probe_factory, tmp_path):
     assert json.loads((tmp_path / "rank0.json").read_text())["warmup_steps"] == 5
 
 
-def settle_on(value, rel_se, df=9, cap=15.0):
+def settle_on(value, rel_se, df=9):
     """A re-measurement's comparison (TrialJob.settle): the leader at ``value`` samples/s; this
     config (FakeEngine) does 8 samples per step."""
     from zerotune.step_stats import t95_df
 
     return {"maximize": True, "value": value, "ci": value * rel_se * t95_df(df), "rel_se": rel_se, "df": df,
-            "scale": 8.0, "margin": 0.03, "max_seconds": cap}
+            "scale": 8.0, "margin": 0.03}
 
 
 def settled_after(intervals, settle):
@@ -342,8 +342,10 @@ def settled_after(intervals, settle):
                         maximize=True, margin=0.03)
 
 
-def run_remeasurement(probe_factory, tmp_path, steps, **spec):
-    probe = probe_factory(clock([1.0] + steps), warmup_steps=1, **spec)
+def run_remeasurement(probe_factory, tmp_path, steps, window, cap=15.0, **spec):
+    """A re-measurement of ``window`` seconds that may measure on to ``cap`` (a trial where
+    ``window`` is None), as TrialJob.probe_spec describes it."""
+    probe = probe_factory(clock([1.0] + steps), warmup_steps=1, window_seconds=window, max_seconds=cap, **spec)
     with pytest.raises(Exited):
         drive(probe, FakeEngine(), len(steps) + 1)
     out = json.loads((tmp_path / "rank0.json").read_text())
@@ -359,24 +361,24 @@ def test_a_tied_re_measurement_measures_on_until_its_comparison_is_settled(probe
     cannot yet show the leader at most 3% faster, but more of its own steps can: it measures on,
     and stops at the first step that settles it."""
     settle = settle_on(8.0, 0.006)
-    plain = run_remeasurement(probe_factory, tmp_path, NOISY, max_seconds=3.0, rel_ci=0.03)
+    plain = run_remeasurement(probe_factory, tmp_path, NOISY, 3.0, rel_ci=0.03)
     assert len(plain) == 3 and not settled_after(plain, settle)  # the window alone: unsettled
-    iv = run_remeasurement(probe_factory, tmp_path, NOISY, max_seconds=3.0, rel_ci=0.03, settle=settle)
+    iv = run_remeasurement(probe_factory, tmp_path, NOISY, 3.0, rel_ci=0.03, settle=settle)
     assert 3 < len(iv) < 15 and settled_after(iv, settle) and not settled_after(iv[:-1], settle)
 
 
 def test_a_comparison_its_steps_cannot_settle_ends_at_the_window(probe_factory, tmp_path):
     # The leader's own interval (4% standard error) leaves it unsettled however long this one
     # measures: a second round, not more steps here, can answer it.
-    iv = run_remeasurement(probe_factory, tmp_path, NOISY, max_seconds=3.0, settle=settle_on(8.0, 0.04))
+    iv = run_remeasurement(probe_factory, tmp_path, NOISY, 3.0, settle=settle_on(8.0, 0.04))
     assert len(iv) == 3
 
 
 def test_a_settled_comparison_never_shortens_the_window(probe_factory, tmp_path):
     # Clearly slower than the leader after three steps; it still measures its window, as without
     # a comparison: stopping at the first look that settles it would make wrong answers likelier.
-    iv = run_remeasurement(probe_factory, tmp_path, NOISY, max_seconds=6.0, settle=settle_on(12.0, 0.005))
-    assert len(iv) == 6 == len(run_remeasurement(probe_factory, tmp_path, NOISY, max_seconds=6.0))
+    iv = run_remeasurement(probe_factory, tmp_path, NOISY, 6.0, settle=settle_on(12.0, 0.005))
+    assert len(iv) == 6 == len(run_remeasurement(probe_factory, tmp_path, NOISY, 6.0))
 
 
 def test_measuring_on_stops_at_its_cap(probe_factory, tmp_path):
@@ -388,7 +390,7 @@ def test_measuring_on_stops_at_its_cap(probe_factory, tmp_path):
     rng, lengths = random.Random(11), []
     for _ in range(40):
         steps = [rng.gauss(1.0, 0.03) for _ in range(40)]
-        iv = run_remeasurement(probe_factory, tmp_path, steps, max_seconds=3.0, settle=settle_on(8.0, 0.004, cap=8.0))
+        iv = run_remeasurement(probe_factory, tmp_path, steps, 3.0, cap=8.0, settle=settle_on(8.0, 0.004))
         assert sum(iv) <= 8.0 + 1e-9, iv
         lengths.append(len(iv))
     assert max(lengths) > 3 and min(lengths) >= 3
@@ -411,15 +413,14 @@ def test_measuring_on_settles_more_ties_and_rarely_a_wrong_one(probe_factory, tm
 
     def remeasure(true_step, settle):
         steps = [rng.gauss(true_step, 0.05) for _ in range(40)]
-        return run_remeasurement(probe_factory, tmp_path, steps, max_seconds=5.0, **({"settle": settle} if settle else {}))
+        return run_remeasurement(probe_factory, tmp_path, steps, 5.0, **({"settle": settle} if settle else {}))
 
     stats = {}
     for mode in ("window", "measure on"):
         for gap in (0.0, 0.05):
             settled = wrong = steps = 0
             for _ in range(300):
-                lead = run_remeasurement(probe_factory, tmp_path, [rng.gauss(1.0, 0.05) for _ in range(40)],
-                                         max_seconds=15.0)
+                lead = run_remeasurement(probe_factory, tmp_path, [rng.gauss(1.0, 0.05) for _ in range(40)], None)
                 mean, std, _ = summarize(lead)
                 n = len(lead)
                 settle = settle_on(8.0 / mean, std / n ** 0.5 / mean, df=n - 1)

@@ -63,8 +63,9 @@ def test_a_re_measurement_is_never_cut_as_a_tie(probe_factory, tmp_path):
     # Its comparison is the confirmation's (settle), measured to its window: the 5 s of timed
     # steps it holds (4 here: a fifth, at their mean of 1.0075 s, would end past 5 s).
     settle = {"maximize": True, "value": 8.16, "ci": 8.16 * 0.035 * t95_df(4), "rel_se": 0.035, "df": 4,
-              "scale": 8.0, "margin": 0.03, "max_seconds": 10.0}
-    out = run_trial(probe_factory, tmp_path, NOISY, max_seconds=5.0, to_beat=leader(8.16, 0.035), settle=settle)
+              "scale": 8.0, "margin": 0.03}
+    out = run_trial(probe_factory, tmp_path, NOISY, window_seconds=5.0, max_seconds=10.0, to_beat=leader(8.16, 0.035),
+                    settle=settle)
     assert not out["tied"] and len(out["intervals"]) == 4
 
 

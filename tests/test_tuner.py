@@ -176,4 +176,23 @@ def test_warm_up_adapts_unless_start_profile_step_is_given(tuner_factory, tmp_pa
     fixed = tuner_factory({"start_profile_step": 4, "end_profile_step": 8}, results_dir=tmp_path / "fixed")
     fixed.tune()
     assert all(not j.adaptive_warmup and j.warmup_steps == 3 for j in fixed.launcher.jobs)
-    assert adaptive.identity().measure["warmup"] == "adaptive" and fixed.identity().measure["warmup"] == "fixed"
+    assert adaptive.trials.identity().measure["warmup"] == "adaptive"
+    assert fixed.trials.identity().measure["warmup"] == "fixed"
+
+
+def test_the_time_budget_has_one_name_and_the_old_one_warns(tuner_factory):
+    assert tuner_factory(time_budget="20m").time_budget == 1200
+    with pytest.warns(FutureWarning, match="time_budget"):
+        assert tuner_factory(budget="20m").time_budget == 1200
+    with pytest.raises(ValueError, match="one setting"):
+        tuner_factory(budget="20m", time_budget="10m")
+
+
+def test_the_measurement_time_cap_is_an_option_of_every_face(tuner_factory):
+    from zerotune.cli_parsers import tune_parser
+
+    assert tune_parser("tune").parse_args(["--max-measure-seconds", "6"]).max_measure_seconds == 6.0
+    tuner = tuner_factory(max_measure_seconds=6.0)
+    tuner.tune()
+    trials = [j for j in tuner.launcher.jobs if j.window_seconds is None]
+    assert trials and all(j.probe_spec(j.trial_dir)["max_seconds"] == 6.0 for j in trials)

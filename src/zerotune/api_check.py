@@ -42,6 +42,20 @@ def checked(func: F) -> F:
     return call  # type: ignore[return-value]
 
 
+def renamed(old_value: Any, value: Any, *, old: str, new: str) -> Any:
+    """The value of an argument given under its new name or, with a FutureWarning, its old one
+    (both at once is a ConfigError)."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise ConfigError(f"{old}= and {new}= are one setting; give only {new}=")
+    import warnings
+
+    warnings.warn(f"{old}= is now called {new}=; the old name will go in a later release", FutureWarning,
+                  stacklevel=3)
+    return old_value
+
+
 def _message(owner: str, names: list[str], err: Any) -> str:
     errors = err.errors()
     first = errors[0]

@@ -121,7 +121,8 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
     sinks: list = [printer]
     tuner = Autotuner(command, num_gpus=args.num_gpus, num_nodes=args.num_nodes,
                       memory_per_device=args.memory_per_device, results_dir=args.results_dir,
-                      budget=args.time_budget, trial_timeout=args.trial_timeout, precision=args.precision,
+                      time_budget=args.time_budget, trial_timeout=args.trial_timeout, precision=args.precision,
+                      max_measure_seconds=args.max_measure_seconds,
                       stall_timeout=args.stall_timeout, max_concurrent_trials=args.max_concurrent_trials,
                       hostfile=args.hostfile, include=args.include, exclude=args.exclude,
                       multinode_launcher=args.launcher, master_addr=args.master_addr,

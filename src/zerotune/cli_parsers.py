@@ -64,6 +64,9 @@ def tune_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument("--stall-timeout", type=float, default=None, metavar="S",
                    help="end a trial whose training made no step on any rank for this long (a hang; default "
                         f"{MEASURE_DEFAULTS.stall_timeout:.0f})")
+    p.add_argument("--max-measure-seconds", type=float, default=None, metavar="S",
+                   help="measure a trial for at most this many seconds of timed steps (default "
+                        f"{MEASURE_DEFAULTS.max_seconds:.0f})")
     p.add_argument("--precision", type=float, default=None,
                    help="stop measuring a trial once the 95%% interval of its step time is within this fraction "
                         f"(default {MEASURE_DEFAULTS.precision})")
@@ -86,7 +89,7 @@ def tune_parser(name: str) -> argparse.ArgumentParser:
 
 _VALUE_OPTIONS = {"--num-gpus", "--num_gpus", "--num-nodes", "--num_nodes", "--memory-per-device", "--results-dir",
                   "--hostfile", "--include", "--exclude", "--launcher", "--master-addr", "--master_addr",
-                  "--time-budget", "--trial-timeout", "--stall-timeout", "--precision",
+                  "--time-budget", "--trial-timeout", "--stall-timeout", "--precision", "--max-measure-seconds",
                   "--max-concurrent-trials", "--log-format", "--tensorboard"}
 
 

@@ -24,15 +24,13 @@ from .trial import Measurement, TrialResult, TrialState
 
 if TYPE_CHECKING:
     from .record import TuningRecord
-    from .tuner import Autotuner
+    from .launch import Launcher, Slot
+    from .trial_factory import TrialFactory
 
-ROUNDS = 2
-"""Interleaved rounds at most; the second runs only where the first did not settle the choice."""
-CONFIRM_SECONDS = 5.0
-"""Each re-measurement measures about this long, and never fewer timed steps than a trial (the
-probe's fewest_steps: three, so a slow config's re-measurement runs past it): two interleaved
-rounds, not one long window, are what make the comparison fair, and a tie costs a few seconds
-per candidate to settle."""
+# Each re-measurement measures for its window (MeasureSettings.remeasure_seconds), and never
+# fewer timed steps than a trial (the probe's fewest_steps: three, so a slow config's runs past
+# it): interleaved rounds (at most MeasureSettings.remeasure_rounds), not one long window, are
+# what make the comparison fair, and a tie costs a few seconds per candidate to settle.
 
 
 @dataclass(kw_only=True)
@@ -116,14 +114,14 @@ def confirmed_in(session: dict, trials: list[TrialResult]) -> dict[str, TrialRes
     return {c.name: c for c in _confirmed(by_name, group)}
 
 
-def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
-            earlier: Confirmation | None = None) -> Confirmation | None:
+def confirm(factory: "TrialFactory", launcher: "Launcher", slots: list["Slot"], record: "TuningRecord",
+            choice: Choice, earlier: Confirmation | None = None) -> Confirmation | None:
     """Re-measure ``choice.best`` and its ties, and a loser stopped early against an unsettled
     figure (see confirm_candidates; None when there are none); the choice made on the
     re-measured figures is ``best``. ``earlier``: the last tuning's confirmation, reused when
     this tuning launched nothing (every trial reused: what they measured is unchanged) and it
     re-measured the same candidates, so that a rerun that resumes measures nothing again."""
-    metric = tuner.request.autotuning.metric
+    metric = factory.request.autotuning.metric
     chosen = candidates(choice, record.trials, metric)
     group = chosen.group
     if len(group) < 2:
@@ -138,26 +136,27 @@ def confirm(tuner: "Autotuner", record: "TuningRecord", choice: Choice,
                 record.emit("confirm", 1 if i < _first_round(out) else 2, result.spec, result, "from disk")
                 record.reused(result)
             return _decide(out, by_name, order, choice, metric, reused=True, joined=chosen.note())
-    group, first = _first_in(group, trial_first(tuner, record, group))
+    group, first = _first_in(group, trial_first(slots, record, group))
     out, by_name = _start(group, first)
     runs = [r for r in group if r.name != first]
-    for round_ in range(1, ROUNDS + 1):
+    rounds = factory.measure.remeasure_rounds
+    for round_ in range(1, rounds + 1):
         for r in runs:
-            job = tuner.make_confirm_job(record, r.spec, round_, CONFIRM_SECONDS)
+            job = factory.make_confirm_job(record.store, r.spec, round_, slots[0])
             leader = choose_best(_confirmed(by_name, group), metric) if round_ == 1 else None
             if leader is not None:
-                job.settle = settle_target(leader.best, r, metric, tuner.measure.max_seconds)
-            result = tuner.launcher.run(job)
+                job.settle = settle_target(leader.best, r, metric)
+            result = launcher.run(job)
             out.runs.append(result)
             by_name[r.name].append(result)
             against = f", its comparison with {leader.best.name} to settle" if job.settle else ""
-            record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {ROUNDS}{against}")
-        if round_ < ROUNDS and not (runs := second_round(by_name, group, first, metric)):
+            record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {rounds}{against}")
+        if round_ < rounds and not (runs := second_round(by_name, group, first, metric)):
             break
     return _decide(out, by_name, group, choice, metric, reused=False, joined=chosen.note())
 
 
-def settle_target(leader: TrialResult, candidate: TrialResult, metric: str, max_seconds: float) -> dict | None:
+def settle_target(leader: TrialResult, candidate: TrialResult, metric: str) -> dict | None:
     """What a first-round re-measurement of ``candidate`` is measured against (TrialJob.settle):
     the candidate leading so far (the trial that stood as its first figure, or the runs before).
     A fixed window settles an exact tie only in a second round of every candidate (about 20 s
@@ -177,17 +176,16 @@ def settle_target(leader: TrialResult, candidate: TrialResult, metric: str, max_
             return None
         scale = value * m.step_time_mean  # samples (or FLOPs) per step of this config
     return {"maximize": MAXIMIZE[metric], "value": lead.value, "ci": lead.ci, "rel_se": lead.rel_se,
-            "df": lead.df if math.isfinite(lead.df) else None, "scale": scale, "margin": TIE_MARGIN,
-            "max_seconds": max_seconds}
+            "df": lead.df if math.isfinite(lead.df) else None, "scale": scale, "margin": TIE_MARGIN}
 
 
-def trial_first(tuner: "Autotuner", record: "TuningRecord", group: list[TrialResult]) -> str | None:
+def trial_first(slots: list["Slot"], record: "TuningRecord", group: list[TrialResult]) -> str | None:
     """The candidate whose trial can stand as its first-round figure: the last trial this tuning
     ran, when it is a candidate, ran warm in the one slot the re-measurements use, kept its
     processes, and measured to the end (not stopped early). Round 1 is then that trial and, right
     after it in the same processes, the others: interleaved all the same, one run fewer."""
     last = record.last_run
-    if last is None or len(tuner.slots) != 1 or last.name not in (r.name for r in group):
+    if last is None or len(slots) != 1 or last.name not in (r.name for r in group):
         return None
     m = last.measurement
     ok = last.state is TrialState.OK and m is not None and not m.early_stop and last.warm and not last.retired
@@ -321,7 +319,7 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
     figures = ", ".join(f"{name} {fmt_metric(metric, c)}" for name, c in out.confirmed.items())
     failed = [n for n in out.candidates if n not in out.confirmed]
     second = [r.name for r in out.runs[_first_round(out):]]
-    rounds = 1 if not second else ROUNDS
+    rounds = 1 if not second else 2  # one round, or more
     letter = {r.name: "ABC"[i] for i, r in enumerate(group)}
     order = " ".join(letter[n] for n in out.candidates + second)
     if out.from_trial is not None:

@@ -178,15 +178,15 @@ def profile(command: list[str], *, num_gpus: int, results_dir: Path, precision: 
     searcher = OneTrial()
     tuner = Autotuner(command, num_gpus=num_gpus, results_dir=results_dir, searcher=searcher, overwrite=True)
     stage = tuner.request.stages[0]
-    mb = tuner.candidates()[0]
-    gas = tuner.request.global_batch // (mb * tuner.dp) if tuner.request.global_batch else 1
+    mb = tuner.trials.candidates()[0]
+    gas = tuner.request.global_batch // (mb * tuner.trials.dp) if tuner.request.global_batch else 1
     searcher.spec = TrialSpec(stage=stage, micro_batch=mb, grad_accum=gas)
     result = tuner.tune().trials[0]
     if result.state is not TrialState.OK or not result.static_memory or not result.num_params:
         raise ConfigError(f"the profiling trial {result.name} ended {result.state.value}: {result.reason}; "
                           f"see {results_dir}")
     peak, static = result.max_peak, max(result.static_memory)
-    states = model_states(MemorySetup(num_params=result.num_params, dp=tuner.dp, stage=stage, precision=precision,
+    states = model_states(MemorySetup(num_params=result.num_params, dp=tuner.trials.dp, stage=stage, precision=precision,
                                       reduce_bucket_size=0, allgather_bucket_size=0, prefetch_bucket_size=0))
     size = ModelSize(num_params=result.num_params, activation_per_sample=max(0.0, (peak - static) / mb),
                      source=f"profiled: {result.name} of {command[0]} on {num_gpus} {tuner.node.device} process(es)")

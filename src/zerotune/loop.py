@@ -17,14 +17,22 @@ from .throughput import Prediction, ThroughputModel
 from .trial import TrialResult, TrialState
 
 if TYPE_CHECKING:
-    from .launch import Slot, TrialJob
+    from .launch import Launcher, Slot, TrialJob
     from .record import TuningRecord
-    from .tuner import Autotuner
+    from .trial_factory import TrialFactory
 
 
 class PhaseRun:
-    def __init__(self, tuner: "Autotuner", record: "TuningRecord", start: float):
-        self.tuner, self.record, self.start = tuner, record, start
+    """Runs the phases of one tuning, one after another, on the same trials and throughput model."""
+
+    def __init__(self, trials: "TrialFactory", launcher: "Launcher", slots: list["Slot"], record: "TuningRecord", *,
+                 start: float, time_budget: float | None):
+        """``start``: when the tuning started (time.monotonic); ``time_budget``: seconds after
+        which no trial is launched (None: no limit)."""
+        self.factory, self.launcher, self.slots, self.record = trials, launcher, list(slots), record
+        self.start, self.time_budget = start, time_budget
+        self.metric = trials.request.autotuning.metric
+        self.max_trials = trials.request.autotuning.tuner_num_trials
         self.trials = record.trials
         self.limit_hit = False
         self.model = ThroughputModel()
@@ -33,7 +41,7 @@ class PhaseRun:
 
     def run(self, searcher: Searcher, stopper: EarlyStopping | None) -> bool:
         """Runs ``searcher`` to its end; False when a limit (trials, time) stopped the tuning."""
-        slots: list[Slot] = list(self.tuner.slots)
+        slots: list[Slot] = list(self.slots)
         running: dict[Future, tuple[Suggestion, TrialJob, Slot, int]] = {}
         stopped = False
         pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="zerotune-trial")
@@ -54,7 +62,7 @@ class PhaseRun:
                     prepared.slot = slot
                     index = len(self.trials) + len(running)
                     self.record.emit("started", index, suggestion.spec)
-                    running[pool.submit(self.tuner.launcher.run, prepared)] = (suggestion, prepared, slot, index)
+                    running[pool.submit(self.launcher.run, prepared)] = (suggestion, prepared, slot, index)
                 if not running:
                     break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -66,11 +74,11 @@ class PhaseRun:
                     result.predicted = prediction.throughput if prediction is not None else None
                     self.model.verify(result.name, prediction, result)
                     self.record.save(result, job.config)
-                    self.record.last_run = result
+                    self.record.ran(result)
                     self.record.emit("finished", index, suggestion.spec, result)
                     stopped = self._record(searcher, stopper, result) or stopped
         except BaseException:
-            self.tuner.launcher.close()  # end the running trials, so their threads return
+            self.launcher.close()  # end the running trials, so their threads return
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -83,10 +91,7 @@ class PhaseRun:
         self.record.add(result)
         self.model.observe(result)
         searcher.observe(result)
-        choice = choose_best(self.trials, self.tuner.request.autotuning.metric)
-        if choice and choice.best.name != self.record.best_name:
-            self.record.best_name = choice.best.name
-            self.record.emit("best", len(self.trials), choice.best.spec, choice.best)
+        self.record.lead(choose_best(self.trials, self.metric))
         if stopper is not None and stopper.observe(result):
             self.record.note(stopper.reason)
             return True
@@ -95,14 +100,13 @@ class PhaseRun:
     def _prepare(self, suggestion: Suggestion) -> TrialResult | TrialJob | None:
         """A pruned or stored result, a job to launch, or None: a limit (tuner_num_trials,
         time budget) stops the search before this trial."""
-        tuner, record, spec, index = self.tuner, self.record, suggestion.spec, len(self.trials)
-        at = tuner.request.autotuning
+        factory, record, spec, index = self.factory, self.record, suggestion.spec, len(self.trials)
         if suggestion.prune_reason:
             result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=suggestion.prune_reason,
-                                 budget=tuner.budget)
+                                 budget=factory.budget)
             record.emit("pruned", index, spec, result, suggestion.prune_reason)
             return result
-        cfg = tuner.config_for(spec)
+        cfg = factory.config_for(spec)
         prediction = self.model.predict(spec)
         if (result := record.lookup(spec, cfg)) is not None:
             # Verified as if it ran now, so that a rerun makes the same decisions as the first run.
@@ -110,26 +114,26 @@ class PhaseRun:
             record.emit("reused", index, spec, result)
             record.reused(result)
             return result
-        if record.launched >= at.tuner_num_trials:
-            record.note(f"stopped after tuner_num_trials={at.tuner_num_trials} trials")
+        if record.launched >= self.max_trials:
+            record.note(f"stopped after tuner_num_trials={self.max_trials} trials")
             return None
-        if tuner.time_budget and time.monotonic() - self.start > tuner.time_budget:
-            record.note(f"stopped at the time budget of {tuner.time_budget:g} s")
+        if self.time_budget and time.monotonic() - self.start > self.time_budget:
+            record.note(f"stopped at the time budget of {self.time_budget:g} s")
             return None
         if reason := self._predicted_loser(spec, prediction):
-            result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=reason, budget=tuner.budget,
+            result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=reason, budget=factory.budget,
                                  predicted=prediction.throughput)
             record.emit("pruned", index, spec, result, reason)
             return result
-        job = tuner.make_job(record, spec, cfg)
+        job = factory.make_job(record.store, spec, cfg)
         self._predictions[spec.name] = prediction
-        best = choose_best(self.trials, at.metric)
-        lead = figure_of(best.best, at.metric) if best is not None else None
-        if lead is not None and at.metric in ("throughput", "latency") and math.isfinite(lead.rel_se):
+        best = choose_best(self.trials, self.metric)
+        lead = figure_of(best.best, self.metric) if best is not None else None
+        if lead is not None and self.metric in ("throughput", "latency") and math.isfinite(lead.rel_se):
             # A leader without an interval (one timed step) cannot show anything slower.
-            job.to_beat = {"metric": at.metric, "value": lead.value, "rel_se": lead.rel_se,
+            job.to_beat = {"metric": self.metric, "value": lead.value, "rel_se": lead.rel_se,
                            "df": lead.df if math.isfinite(lead.df) else None}
-        record.launched += 1
+        record.launching()
         return job
 
     def _predicted_loser(self, spec, prediction: Prediction | None) -> str:
@@ -137,8 +141,8 @@ class PhaseRun:
         the model's largest error so far added, and even at the fast end of the interval the
         trials it rests on give it; "" where it must run (no prediction, a model not yet verified
         on enough trials, another metric than throughput, the user's own config)."""
-        metric = self.tuner.request.autotuning.metric
-        if prediction is None or not self.model.verified or metric != "throughput" or spec == self.tuner.own_spec:
+        metric = self.metric
+        if prediction is None or not self.model.verified or metric != "throughput" or spec == self.factory.own_spec:
             return ""
         choice = choose_best(self.trials, metric)
         if choice is None:

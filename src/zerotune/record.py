@@ -17,13 +17,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from ._errors import ZerotuneError
 from .results_folder import MARK, OUTPUTS, made
 from .store import SESSION, ResultStore, fingerprint, write_json
 from .trial import TrialResult, TrialSpec, TrialState
+
+if TYPE_CHECKING:
+    from .ranking import Choice
 
 IDENTITY_PARTS = {"code": "the script changed", "args": "the script's arguments changed",
                   "config": "its ds_config changed", "topology": "the processes, nodes or devices changed",
@@ -88,6 +91,7 @@ class TuningRecord:
         self.last_run: TrialResult | None = None
         """The trial this tuning launched that finished last (what ran just before the next)."""
         self.best_name: str | None = None
+        """The trial leading so far (see :meth:`lead`)."""
 
     # -- events --------------------------------------------------------------------------------
     def emit(self, kind: str, index: int = 0, spec: TrialSpec | None = None, result: TrialResult | None = None,
@@ -166,6 +170,21 @@ class TuningRecord:
         self.earlier_time += result.wall_time
 
     # -- recording -----------------------------------------------------------------------------
+    def launching(self) -> None:
+        """Count a trial this tuning launches (not reused, not pruned)."""
+        self.launched += 1
+
+    def ran(self, result: TrialResult) -> None:
+        """A trial this tuning launched has finished: what ran just before the next."""
+        self.last_run = result
+
+    def lead(self, choice: Choice | None) -> None:
+        """The choice among the trials so far (a :class:`~zerotune.ranking.Choice`, or None):
+        a new leader is told as a "best" event."""
+        if choice is not None and choice.best.name != self.best_name:
+            self.best_name = choice.best.name
+            self.emit("best", len(self.trials), choice.best.spec, choice.best)
+
     def add(self, result: TrialResult) -> None:
         """Append a trial to this tuning. A measured one is already on disk (:meth:`save`); a
         pruned one is written here, marked never to be reused (it is decided afresh each time)."""

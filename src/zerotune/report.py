@@ -10,7 +10,8 @@ from .store import write_atomic, write_json
 from .units import format_size
 
 if TYPE_CHECKING:
-    from .tuner import Autotuner
+    from .cluster import Cluster
+    from .targets import Target
 
 
 def write_optimal_config(config: dict[str, Any], path: Path) -> Path:
@@ -64,9 +65,9 @@ def _steps(t) -> str:
     return f"{m.steps_measured}{flag}"
 
 
-def write_outputs(tuner: "Autotuner") -> None:
-    result = tuner.result
-    assert result is not None
+def write_outputs(result: TuningResult, target: "Target", cluster: "Cluster", mapped: dict[str, str]) -> None:
+    """summary.txt, results.json and, where there is a choice, its ds_config and command (with
+    ``mapped``, the script options that carry its batch sizes), then the target's own outputs."""
     root = result.results_dir
     write_atomic(root / "summary.txt", summary_text(result))
     write_json(root / "results.json", {"metric": result.metric, "best": result.best.name if result.best else None,
@@ -74,6 +75,5 @@ def write_outputs(tuner: "Autotuner") -> None:
     if result.best_config is None:
         return  # the tuning's start removed an earlier choice: none stands beside "best: none"
     optimal = write_optimal_config(result.best_config, root / "ds_config_optimal.json")
-    write_atomic(root / "cmd_optimal.txt", tuner.target.final_command(
-        optimal, result.best_config, tuner.mapped_args(result.best.spec), tuner.cluster))
-    tuner.target.after_tuning(result)
+    write_atomic(root / "cmd_optimal.txt", target.final_command(optimal, result.best_config, mapped, cluster))
+    target.after_tuning(result)

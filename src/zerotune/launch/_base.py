@@ -28,9 +28,11 @@ class TrialJob:
     min_steps: int
     adaptive_warmup: bool = False
     """End warm-up when step times settle (see probe settled_at) instead of after ``warmup_steps``."""
-    max_steps: int = 60
     measure: MeasureSettings = field(default_factory=MeasureSettings)
-    """Precision, measuring time, the trial and stall timeouts."""
+    """The measurement policy: precision, the time cap, step bounds, the timeouts."""
+    window_seconds: float | None = None
+    """A re-measurement's window (measure.window_seconds): it measures that long, then on only
+    while its comparison (``settle``) stays open, up to the time cap; None for a trial."""
     to_beat: dict[str, Any] | None = None
     """{"metric": "throughput"|"latency", "value": v, "rel_se": r, "df": d}: the trial may stop
     measuring as soon as it clearly cannot beat v, the best trial's figure so far, measured with
@@ -38,9 +40,9 @@ class TrialJob:
     settle: dict[str, Any] | None = None
     """A re-measurement's comparison to answer (see confirm.settle_target): it measures on past
     its window until the choice between it and the candidate leading so far is settled, while
-    more of its steps can settle it, up to ``max_seconds``. Keys: ``maximize``, the leader's
-    ``value``, ``ci``, ``rel_se``, ``df`` (None: exact), ``scale`` (metric x step time of this
-    config; None for latency), ``margin``, ``max_seconds``."""
+    more of its steps can settle it, up to the time cap (measure.max_seconds). Keys:
+    ``maximize``, the leader's ``value``, ``ci``, ``rel_se``, ``df`` (None: exact), ``scale``
+    (metric x step time of this config; None for latency), ``margin``."""
     env: dict[str, str] = field(default_factory=dict)
     slot: Slot | None = None
     """The devices (or pinned cores) this trial runs on; None: the first ``num_gpus`` devices."""
@@ -69,8 +71,9 @@ class TrialJob:
                 "local_rank_arg": self.local_rank_arg, "out_dir": str(trial_dir),
                 "results_dir": str((self.work_dir or trial_dir.parent).resolve()), "budget": self.budget,
                 "warmup_steps": self.warmup_steps, "adaptive_warmup": self.adaptive_warmup,
-                "min_steps": self.min_steps, "max_steps": self.max_steps,
-                "max_seconds": self.measure.max_seconds, "rel_ci": self.measure.precision, "to_beat": self.to_beat,
+                "min_steps": self.min_steps, "max_steps": self.measure.max_steps,
+                "max_warmup": self.measure.max_warmup_steps,
+                "max_seconds": self.measure.max_seconds, "window_seconds": self.window_seconds, "rel_ci": self.measure.precision, "to_beat": self.to_beat,
                 "settle": self.settle,
                 "expect": {"stage": self.spec.stage, "micro_batch": self.spec.micro_batch,
                            "grad_accum": self.spec.grad_accum}, **self.probe_fields}

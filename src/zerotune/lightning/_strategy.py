@@ -42,7 +42,8 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
     - ``global_batch``: samples per optimizer step to keep fixed (default: the script's
       ``batch_size`` x ``accumulate_grad_batches`` x processes).
     - ``time_budget`` ("20m" or seconds), ``max_trials``, ``memory_per_device`` ("16GB"),
-      ``trial_timeout`` (seconds).
+      ``trial_timeout``, ``stall_timeout``, ``max_measure_seconds`` (seconds) and ``precision``:
+      the same names and meanings as the Python API's and the CLI's options.
     - ``cache_dir``: where results are kept (default ``$ZEROTUNE_CACHE_DIR``, else
       ``~/.cache/zerotune/lightning``); ``retune=True`` tunes again even when a result is cached.
 
@@ -57,15 +58,17 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
                  offload: bool | None = None,
                  metric: str = "throughput", global_batch: int | None = None, time_budget: float | str | None = None,
                  max_trials: int | None = None, memory_per_device: int | str | None = None,
-                 trial_timeout: float | None = None, cache_dir: str | Path | None = None, retune: bool = False,
-                 **kwargs: Any):
+                 trial_timeout: float | None = None, stall_timeout: float | None = None,
+                 precision: float | None = None, max_measure_seconds: float | None = None,
+                 cache_dir: str | Path | None = None, retune: bool = False, **kwargs: Any):
         user_config = kwargs.get("config") is not None or (self.DEEPSPEED_ENV_VAR in os.environ)
         super().__init__(*args, **kwargs)
         if stages is None and "stage" in kwargs and not user_config:
             stages = [kwargs["stage"]]
         self.tuning = Tuning(autotune=autotune, stages=stages, offload=offload, metric=metric, global_batch=global_batch,
                              time_budget=time_budget, max_trials=max_trials, memory_per_device=memory_per_device,
-                             trial_timeout=trial_timeout, cache_dir=cache_dir, retune=retune,
+                             trial_timeout=trial_timeout, stall_timeout=stall_timeout, precision=precision,
+                             max_measure_seconds=max_measure_seconds, cache_dir=cache_dir, retune=retune,
                              user_config=user_config)
         if user_config and is_tuned_config(self.config):  # e.g. zerotune's ds_config_optimal.json
             self.tuning.entry = {"best": "the given config", "config": copy.deepcopy(self.config)}

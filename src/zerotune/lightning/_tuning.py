@@ -30,7 +30,10 @@ class Tuning:
     max_trials: int | None = None
     memory_per_device: int | str | None = None
     trial_timeout: float | None = None
-    """None: MeasureSettings' default."""
+    """None: MeasureSettings' default (so are the three below)."""
+    stall_timeout: float | None = None
+    precision: float | None = None
+    max_measure_seconds: float | None = None
     cache_dir: str | Path | None = None
     retune: bool = False
     user_config: bool = False
@@ -44,6 +47,10 @@ class Tuning:
             raise ConfigError(f"metric {self.metric!r} is not one of throughput, latency, flops")
         if self.global_batch is not None and self.global_batch < 1:
             raise ConfigError(f"global_batch must be a positive number of samples, not {self.global_batch}")
+        from ..settings import MeasureSettings
+
+        MeasureSettings.of(trial_timeout=self.trial_timeout, stall_timeout=self.stall_timeout,  # checked now, not at fit
+                           precision=self.precision, max_seconds=self.max_measure_seconds)
 
     @staticmethod
     def in_trial() -> bool:
@@ -115,8 +122,10 @@ class Tuning:
                                   "attribute to change it through[/]")
         tuner = Autotuner([script, *sys.argv[1:]], ds_config=job.tuning_config(), num_gpus=job.world_size,
                           lightning=job, results_dir=Path(job.cache_dir) / job.fingerprint,
-                          budget=self.time_budget, memory_per_device=self.memory_per_device,
-                          trial_timeout=self.trial_timeout, overwrite=True if self.retune else None, on_event=printer,
+                          time_budget=self.time_budget, memory_per_device=self.memory_per_device,
+                          trial_timeout=self.trial_timeout, stall_timeout=self.stall_timeout,
+                          precision=self.precision, max_measure_seconds=self.max_measure_seconds,
+                          overwrite=True if self.retune else None, on_event=printer,
                           offload=job.offload)
         with printer.watch(tuner):
             result = tuner.tune()

@@ -14,7 +14,7 @@ from ..step_stats import (MICRO_STEPS_FROM, Figure, Samples, estimate_is_stable,
 from ..store import write_json
 from ._history import ProcessHistory, zero_setup
 from ._memory import MemoryReader, minor_faults
-from ._warmup import MAX_WARMUP, settled_at
+from ._warmup import settled_at
 
 
 def count_params(engine) -> int:
@@ -220,7 +220,7 @@ class StepProbe:
             return max(1, self.spec["warmup_steps"])
         marks = self.marks()
         if self._warmup is None:
-            self._warmup = settled_at(marks, MAX_WARMUP + (self.ready is not None))
+            self._warmup = settled_at(marks, self.spec["max_warmup"] + (self.ready is not None))
         return self._warmup if self._warmup is not None else max(1, len(marks))
 
     def warmup(self) -> int:
@@ -307,12 +307,13 @@ class StepProbe:
         return done
 
     def _at_cap(self, measuring: float) -> bool:
-        """Another step, at the mean step time so far, would take the timed steps past
-        ``max_seconds``: the cap is at most that long. (Read after the step that crossed it, the
-        bundled example's first trial ran 7 steps of 1.65 s, 11.6 s, against a 10 s cap; now 6.)"""
+        """Another step, at the mean step time so far, would take the timed steps past the time
+        allowed: a re-measurement's window (``window_seconds``), else the cap (``max_seconds``),
+        at most that long. (Read after the step that crossed it, the bundled example's first
+        trial ran 7 steps of 1.65 s, 11.6 s, against a 10 s cap; now 6.)"""
         mean = self.estimate()[0]
         ahead = mean if math.isfinite(mean) and mean > 0 else 0.0
-        return measuring + ahead > self.spec["max_seconds"]
+        return measuring + ahead > (self.spec.get("window_seconds") or self.spec["max_seconds"])
 
     def _tied(self, iv: list[float], measuring: float) -> bool:
         """Behind the best trial so far (``to_beat``) but not shown unable to beat it, and the
@@ -347,14 +348,14 @@ class StepProbe:
 
     def _verdict(self, target: dict, measuring: float) -> str:
         """This re-measurement against ``target`` (see settle_verdict; keys as TrialJob.settle's),
-        with as many more steps as fit before ``target["max_seconds"]`` of timed steps."""
+        with as many more steps as fit before the cap (``max_seconds``) of timed steps."""
         mean, _, ci = self.estimate()
         df = self.estimate_df()
         t = t95_df(df)
         if not (math.isfinite(ci) and math.isfinite(t) and mean > 0):
             return "out of reach"
         value = target["scale"] / mean if target["maximize"] else mean
-        more = self._steps_left(target["max_seconds"], measuring)
+        more = self._steps_left(self.spec["max_seconds"], measuring)
         return settle_verdict(Figure(value, value * ci / mean, ci / t / mean, df), target, more=more)
 
     def _per_and_lead(self, target: dict) -> tuple[float, float]:
