@@ -1,6 +1,6 @@
 # make demo: set up .venv and tune the bundled GPT example on CPU with 2 processes.
-# make test: set up .venv with the test extras and run the tests (unit tests, then real DeepSpeed
-# trials on CPU). Only the test set-up installs anything outside .venv (the browser of the report test);
+# make test: set up .venv with the test extras, check lint (ruff), then run the tests
+# (unit tests, then real DeepSpeed trials on CPU). Only the test set-up installs anything outside .venv (the browser of the report test);
 # set-up compiles DeepSpeed's CPU ops into torch's extension cache, where DeepSpeed would at first use.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -48,7 +48,10 @@ demo: setup
 	DS_ACCELERATOR=cpu $(VENV)/bin/zerotune tune --num-gpus 2 --results-dir demo_results \
 		examples/gpt.py --deepspeed_config examples/ds_config.json
 
+LINTED := src tests bench examples
+
 test: test-setup
+	$(PY) -m ruff check $(LINTED)
 	$(PY) -m pytest -q -ra --durations=15
 
 bench: test-setup

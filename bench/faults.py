@@ -238,7 +238,6 @@ def hostile() -> None:
 
     sys.path.insert(0, str(ROOT / "tests"))
     from hostile import damages, run_cli, tuned_folder
-
     from zerotune.report_html import write_report
 
     tried = tracebacks = escaped = stale = 0
@@ -306,7 +305,6 @@ def owned_and_left(tmp: Path, count) -> dict[str, int]:
     memory, and bad input that must be one message. ``count`` counts each run of the CLI."""
     from hostile import CONFIG, SCRIPT, run_cli, tuned_folder
     from procs import sleeper
-
     from zerotune import Autotuner, NoFeasibleConfigError
     from zerotune.launch._collect import collect
     from zerotune.launch._leftovers import note_port

@@ -58,7 +58,7 @@ class FakeMachine:
     (a bucket holds at most every gradient), as zerotune's memory model counts it."""
 
     @classmethod
-    def analytic(cls, num_params: int, overhead: int, dp: int = 2, **kw) -> "FakeMachine":
+    def analytic(cls, num_params: int, overhead: int, dp: int = 2, **kw) -> FakeMachine:
         """A machine whose statics are exactly zerotune's fp32 Adam model states plus an overhead,
         as a real one is to within the model's accuracy."""
         from zerotune.memory import model_states

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 import zerotune.entry
-
 from zerotune import Autotuner, ConfigError
 from zerotune.command import UserCommand
 from zerotune.entry import entry_args, load, target_of

@@ -5,9 +5,9 @@ import stat
 import pytest
 
 from zerotune import ConfigError, ZerotuneError
+from zerotune.launch import TrialJob
 from zerotune.launch._hosts import Host, read_hostfile, select_hosts
 from zerotune.launch._multinode import MultiNodeLauncher
-from zerotune.launch import TrialJob
 from zerotune.trial import TrialSpec
 
 

@@ -3,12 +3,18 @@ mode, the cache."""
 import json
 
 import pytest
-from fakes import FakeLauncher, FakeMachine
 
+from fakes import FakeLauncher, FakeMachine
 from zerotune import Autotuner, ConfigError
+from zerotune.lightning_job import (
+    LightningJob,
+    is_tuned_config,
+    lightning_form,
+    looks_like_lightning,
+    read_cache,
+    trainer_settings,
+)
 from zerotune.trial import TrialSpec
-from zerotune.lightning_job import (LightningJob, is_tuned_config, lightning_form, looks_like_lightning, read_cache,
-                                    trainer_settings)
 
 BASE = {"zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 2, "overlap_comm": True}}
 

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from zerotune.memory import PRIOR_REL, TRANSFER_REL, Z, MemoryModel, model_states
+from zerotune.memory import PRIOR_REL, TRANSFER_REL, MemoryModel, Z, model_states
 from zerotune.memory_terms import MemorySetup
 from zerotune.trial import TrialResult, TrialSpec, TrialState
 

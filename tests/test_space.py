@@ -2,8 +2,16 @@
 import pytest
 
 from zerotune import ConfigError
-from zerotune.space import (MICRO_BATCH, Dimension, Space, collapse, invalid_reason, stage_dimensions,
-                            trial_config, user_dimensions)
+from zerotune.space import (
+    MICRO_BATCH,
+    Dimension,
+    Space,
+    collapse,
+    invalid_reason,
+    stage_dimensions,
+    trial_config,
+    user_dimensions,
+)
 from zerotune.trial import TrialSpec
 
 Z = "zero_optimization."

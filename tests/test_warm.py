@@ -17,7 +17,7 @@ from zerotune.launch._local import near_budget
 from zerotune.launch._process import ProcessGroup
 from zerotune.launch._warm import WarmGroup, kind_of, run_in_group, signature
 from zerotune.probe._memory import current_rss, peak_rss, reset_peak
-from zerotune.probe._sandbox import TrialSandbox, lru_cache_in, clear_deepspeed_caches
+from zerotune.probe._sandbox import TrialSandbox, clear_deepspeed_caches, lru_cache_in
 from zerotune.probe._warm import LeakCheck, process_counts
 from zerotune.settings import MeasureSettings
 from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
@@ -86,7 +86,7 @@ def test_sandbox_puts_back_what_a_trial_changed(tmp_path, monkeypatch):
 def test_lru_cache_is_found_under_a_closure_decorator():
     import functools
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def cached(x):
         return [x]
 
@@ -108,7 +108,7 @@ def test_deepspeed_caches_are_cleared(monkeypatch):
     offload.FWD_MODULE_STACK = ["top module"]
 
     class Coordinator:
-        @functools.lru_cache(maxsize=None)
+        @functools.cache  # noqa: B019 -- a cache on a method, as DeepSpeed keeps one: what the sandbox clears
         def _Coordinator__params(self, x):
             return x
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from ._errors import ConfigError, LaunchError, NoFeasibleConfigError, ZerotuneError
 
 if TYPE_CHECKING:
+    from .record import TuningEvent
     from .result import TuningResult, load_results
     from .trial import TrialResult, TrialSpec, TrialState
-    from .record import TuningEvent
     from .tuner import Autotuner
 
 __all__ = ["Autotuner", "ConfigError", "LaunchError", "NoFeasibleConfigError", "TrialResult", "TrialSpec",

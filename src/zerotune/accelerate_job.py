@@ -92,7 +92,7 @@ class AccelerateLaunch:
     """script.py and its arguments."""
 
     @classmethod
-    def split(cls, command: list[str] | tuple[str, ...]) -> "AccelerateLaunch":
+    def split(cls, command: list[str] | tuple[str, ...]) -> AccelerateLaunch:
         rest = list(command[2:])
         for i, word in enumerate(rest):
             if word in ("-m", "--module", "--no_python"):

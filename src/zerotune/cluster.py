@@ -41,7 +41,7 @@ class Cluster:
     @classmethod
     def build(cls, *, device: str, device_count: int, num_gpus: int | None, num_nodes: int | None,
               hostfile: str | Path | None = None, include: str = "", exclude: str = "", launcher: str = "pdsh",
-              master_addr: str | None = None) -> "Cluster":
+              master_addr: str | None = None) -> Cluster:
         """Validated before anything runs: counts in range, hosts that exist, the GPUs asked for here."""
         check_counts(num_gpus, num_nodes)
         hosts = None

@@ -21,7 +21,7 @@ class UserCommand:
     """Files of the user's code besides the script (a function target's module)."""
 
     @classmethod
-    def from_callable(cls, fn) -> "UserCommand":
+    def from_callable(cls, fn) -> UserCommand:
         """An in-Python entry point ``fn(ds_config: dict)``, run through zerotune's entry script."""
         import sys
 
@@ -66,7 +66,7 @@ class UserCommand:
         return self.trial_args("<ds_config>") if self.config_position() is not None else list(self.args)
 
     @classmethod
-    def parse(cls, command: list[str] | tuple[str, ...]) -> "UserCommand":
+    def parse(cls, command: list[str] | tuple[str, ...]) -> UserCommand:
         if not command:
             raise ConfigError("no training script given; usage: zerotune tune [options] script.py "
                               "--deepspeed_config ds.json [script args]")

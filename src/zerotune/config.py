@@ -66,7 +66,7 @@ class AutotuningConfig(BaseModel):
     warm_trials: bool = True
 
     @model_validator(mode="after")
-    def _check(self) -> "AutotuningConfig":
+    def _check(self) -> AutotuningConfig:
         if self.min_train_micro_batch_size_per_gpu > self.max_train_micro_batch_size_per_gpu:
             raise ValueError(
                 f"min_train_micro_batch_size_per_gpu ({self.min_train_micro_batch_size_per_gpu}) is above "

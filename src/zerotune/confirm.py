@@ -16,15 +16,25 @@ from typing import TYPE_CHECKING
 
 from ._errors import ZerotuneError
 from .confirm_candidates import candidates
-from .ranking import (MAXIMIZE, TIE_MARGIN, Choice, better, choose_best, clearly_worse, figure_of, fmt_metric,
-                      most_faster, within_noise)
+from .ranking import (
+    MAXIMIZE,
+    TIE_MARGIN,
+    Choice,
+    better,
+    choose_best,
+    clearly_worse,
+    figure_of,
+    fmt_metric,
+    most_faster,
+    within_noise,
+)
 from .record import read_session
 from .step_stats import t95_df, welch_df
 from .trial import Measurement, TrialResult, TrialState
 
 if TYPE_CHECKING:
-    from .record import TuningRecord
     from .launch import Launcher, Slot
+    from .record import TuningRecord
     from .trial_factory import TrialFactory
 
 # Each re-measurement measures for its window (MeasureSettings.remeasure_seconds), and never
@@ -114,7 +124,7 @@ def confirmed_in(session: dict, trials: list[TrialResult]) -> dict[str, TrialRes
     return {c.name: c for c in _confirmed(by_name, group)}
 
 
-def confirm(factory: "TrialFactory", launcher: "Launcher", slots: list["Slot"], record: "TuningRecord",
+def confirm(factory: TrialFactory, launcher: Launcher, slots: list[Slot], record: TuningRecord,
             choice: Choice, earlier: Confirmation | None = None) -> Confirmation | None:
     """Re-measure ``choice.best`` and its ties, and a loser stopped early against an unsettled
     figure (see confirm_candidates; None when there are none); the choice made on the
@@ -179,7 +189,7 @@ def settle_target(leader: TrialResult, candidate: TrialResult, metric: str) -> d
             "df": lead.df if math.isfinite(lead.df) else None, "scale": scale, "margin": TIE_MARGIN}
 
 
-def trial_first(slots: list["Slot"], record: "TuningRecord", group: list[TrialResult]) -> str | None:
+def trial_first(slots: list[Slot], record: TuningRecord, group: list[TrialResult]) -> str | None:
     """The candidate whose trial can stand as its first-round figure: the last trial this tuning
     ran, when it is a candidate, ran warm in the one slot the re-measurements use, kept its
     processes, and measured to the end (not stopped early). Round 1 is then that trial and, right

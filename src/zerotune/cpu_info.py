@@ -21,8 +21,9 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ENV = "ZEROTUNE_CPU_INFO"
 """The path of the answer file, set for the ranks by the launcher."""

@@ -38,7 +38,7 @@ def may_be_taken(word: str, options: frozenset[str]) -> bool:
     return any(o == word[:2] or o.startswith(name) for o in options)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def runner_options() -> frozenset[str] | None:
     """The option strings of DeepSpeed's runner, read from its source (None where it cannot be
     read: then the exact parse decides)."""

@@ -27,7 +27,7 @@ MAX_PARAMS = 10**14  # beyond any model trained today: a typo, not a model
 
 @dataclass(kw_only=True)
 class Estimate:
-    size: "ModelSize"
+    size: ModelSize
     rows: list[dict[str, Any]]
     devices: int
     device_memory: int
@@ -195,10 +195,9 @@ def profile(command: list[str], *, num_gpus: int, results_dir: Path, precision: 
 
 def from_args(args) -> Estimate:
     """The predictions `zerotune estimate` asks for, from its parsed options."""
-    from .units import parse_size
-
     from .cluster import check_counts
     from .config import MAX_GLOBAL_BATCH, MAX_MICRO_BATCH
+    from .units import parse_size
 
     check_counts(args.num_gpus, args.num_nodes)
     if args.seq_len is not None and not 1 <= args.seq_len <= 2**24:

@@ -88,7 +88,7 @@ class LightningJob:
         return dict(self.__dict__)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "LightningJob":
+    def from_dict(cls, data: dict[str, Any]) -> LightningJob:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
 

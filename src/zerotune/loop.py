@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 class PhaseRun:
     """Runs the phases of one tuning, one after another, on the same trials and throughput model."""
 
-    def __init__(self, trials: "TrialFactory", launcher: "Launcher", slots: list["Slot"], record: "TuningRecord", *,
+    def __init__(self, trials: TrialFactory, launcher: Launcher, slots: list[Slot], record: TuningRecord, *,
                  start: float, time_budget: float | None):
         """``start``: when the tuning started (time.monotonic); ``time_budget``: seconds after
         which no trial is launched (None: no limit)."""

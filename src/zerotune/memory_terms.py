@@ -57,7 +57,7 @@ class MemorySetup:
             raise ValueError("offload_optimizer needs ZeRO stage 1 or higher")
 
     @classmethod
-    def from_config(cls, config: dict, *, num_params: int, dp: int, mp: int = 1) -> "MemorySetup":
+    def from_config(cls, config: dict, *, num_params: int, dp: int, mp: int = 1) -> MemorySetup:
         """The setup a ds_config (with its stage set) describes, with DeepSpeed's defaults for
         what it leaves out."""
         zero = config.get("zero_optimization") or {}

@@ -25,7 +25,7 @@ SEED = 0
 """Random and model-based searches are seeded, so a rerun asks for the same trials (resume)."""
 
 
-def offload_searcher(factory: "TrialFactory", record: "TuningRecord") -> Searcher | None:
+def offload_searcher(factory: TrialFactory, record: TuningRecord) -> Searcher | None:
     """Offload to CPU where needed (``offload`` None: only when nothing fit without it), or
     always (True): the optimizer for stages 1-2, optimizer and parameters for stage 3."""
     trials = record.trials
@@ -52,7 +52,7 @@ def offload_searcher(factory: "TrialFactory", record: "TuningRecord") -> Searche
         memory=factory.memory_model(overrides), overrides=overrides)
 
 
-def knob_searchers(factory: "TrialFactory", record: "TuningRecord") -> Iterator[tuple[Searcher, EarlyStopping]]:
+def knob_searchers(factory: TrialFactory, record: TuningRecord) -> Iterator[tuple[Searcher, EarlyStopping]]:
     """Per stage that can still win, a search of its knobs around its best micro-batch
     (``fast: false``: DeepSpeed's default knobs plus the user's lists; ``fast: true``: the
     user's lists only), best stage first."""
@@ -91,7 +91,7 @@ def _knobbed(spec: TrialSpec) -> bool:
                for k, _ in spec.overrides)
 
 
-def _around(factory: "TrialFactory", mb: int) -> tuple[int, ...]:
+def _around(factory: TrialFactory, mb: int) -> tuple[int, ...]:
     """The best micro-batch and its neighbours among the candidates: smaller buckets may make
     room for the next size up, and the memory check prunes it where they do not."""
     cands = factory.candidates()
@@ -99,7 +99,7 @@ def _around(factory: "TrialFactory", mb: int) -> tuple[int, ...]:
     return tuple(cands[max(0, i - 1):i + 2])
 
 
-def _checker(factory: "TrialFactory", stage: int, fixed: tuple, measured: list[TrialResult]):
+def _checker(factory: TrialFactory, stage: int, fixed: tuple, measured: list[TrialResult]):
     """Invalid combinations and memory: the stage's fitted peak plus what the point's knobs
     change in the analytic terms (bucket sizes), with the fit's uncertainty as margin."""
     model = factory.memory_model({stage: fixed})

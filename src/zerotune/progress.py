@@ -98,11 +98,11 @@ class ProgressPrinter:
     def metric(self, value: str) -> None:
         self.state.metric = value
 
-    def watch(self, tuner) -> "ProgressPrinter":
+    def watch(self, tuner) -> ProgressPrinter:
         self.state = ProgressState(tuner.request.autotuning.metric, len(tuner.slots), tuner.time_budget)
         return self
 
-    def __enter__(self) -> "ProgressPrinter":
+    def __enter__(self) -> ProgressPrinter:
         if not self.quiet and self.console.is_terminal:
             self._live = Live(get_renderable=lambda: Text(self.state.status(), style="dim"), console=self.console,
                               refresh_per_second=2, transient=True)
@@ -150,12 +150,12 @@ class JsonEvents:
         self.state = ProgressState()
         self.metric = "throughput"
 
-    def watch(self, tuner) -> "JsonEvents":
+    def watch(self, tuner) -> JsonEvents:
         self.metric = tuner.request.autotuning.metric
         self.state = ProgressState(self.metric, len(tuner.slots), tuner.time_budget)
         return self
 
-    def __enter__(self) -> "JsonEvents":
+    def __enter__(self) -> JsonEvents:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -148,7 +148,7 @@ class TuningRecord:
         if not stored:
             return None
         reusable, why = 0, Counter()
-        for name, data in stored.items():
+        for data in stored.values():
             try:
                 spec = TrialSpec.from_dict(data["result"]["spec"])
             except (KeyError, TypeError, ValueError):

@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .ranking import UNITS
-from .terminal_text import safe
 from .result import TuningResult
+from .terminal_text import safe
 from .units import format_size
 
 

@@ -65,7 +65,7 @@ def _steps(t) -> str:
     return f"{m.steps_measured}{flag}"
 
 
-def write_outputs(result: TuningResult, target: "Target", cluster: "Cluster", mapped: dict[str, str]) -> None:
+def write_outputs(result: TuningResult, target: Target, cluster: Cluster, mapped: dict[str, str]) -> None:
     """summary.txt, results.json and, where there is a choice, its ds_config and command (with
     ``mapped``, the script options that carry its batch sizes), then the target's own outputs."""
     root = result.results_dir

@@ -10,8 +10,18 @@ from typing import Any
 from ._errors import ZerotuneError
 from .confirm import confirmed_in, remeasured_in
 from .cost import TuningCost, tuning_cost
-from .ranking import (MAXIMIZE, UNITS, Choice, better, choose_best, fmt_metric, fmt_number, fmt_value, shown_worse,
-                      tied_with)
+from .ranking import (
+    MAXIMIZE,
+    UNITS,
+    Choice,
+    better,
+    choose_best,
+    fmt_metric,
+    fmt_number,
+    fmt_value,
+    shown_worse,
+    tied_with,
+)
 from .record import read_session
 from .results_folder import busy, expand
 from .store import SESSION, DamagedTrial, ResultStore

@@ -178,7 +178,7 @@ class FolderLock:
             self._lock.release()
             self._lock = None
 
-    def __enter__(self) -> "FolderLock":
+    def __enter__(self) -> FolderLock:
         self.acquire()
         return self
 

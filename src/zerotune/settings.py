@@ -59,7 +59,7 @@ class MeasureSettings:
                 raise ConfigError(f"{name} {value!r} must be a whole number from {low} to {high}")
 
     @classmethod
-    def of(cls, **given: float | None) -> "MeasureSettings":
+    def of(cls, **given: float | None) -> MeasureSettings:
         """Settings from keyword values where None means the default (the faces' optional options)."""
         return cls(**{k: v for k, v in given.items() if v is not None})
 

@@ -60,7 +60,7 @@ class Target(abc.ABC):
                 out[key] = int(value)
         return out
 
-    def check_cluster(self, cluster: "Cluster") -> None:
+    def check_cluster(self, cluster: Cluster) -> None:
         """Raise a ConfigError where the target cannot run on ``cluster``."""
 
     def program_launcher(self, root: Path, ds_config: Path, num_gpus: int) -> tuple[str, ...]:
@@ -78,11 +78,11 @@ class Target(abc.ABC):
 
     @abc.abstractmethod
     def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str],
-                      cluster: "Cluster") -> str:
+                      cluster: Cluster) -> str:
         """The shell text (every word quoted) that trains with ``config``, written at ``optimal``,
         on the tuned topology."""
 
-    def own_spec(self, request, dp: int) -> "TrialSpec | None":
+    def own_spec(self, request, dp: int) -> TrialSpec | None:
         """The trial that runs the user's own configuration as it stands (one stage, one
         micro-batch), against which the choice is compared; None where the search chooses them."""
         from .trial import TrialSpec
@@ -113,7 +113,7 @@ class ScriptTarget(Target):
         return self.command.trial_args(str(config.resolve()), mapped)
 
     def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str],
-                      cluster: "Cluster") -> str:
+                      cluster: Cluster) -> str:
         return cluster.command_line(self.script, self.trial_args(optimal, mapped)) + "\n"
 
 

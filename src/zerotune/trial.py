@@ -96,7 +96,7 @@ class TrialSpec:
                 "overrides": [list(o) for o in self.overrides]}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrialSpec":
+    def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
         """A spec read back from disk; ValueError when it is not one zerotune wrote."""
         if not isinstance(d, dict):
             raise ValueError("spec is not an object")
@@ -297,7 +297,7 @@ class TrialResult:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrialResult":
+    def from_dict(cls, d: dict[str, Any]) -> TrialResult:
         """A result read back from disk; ValueError (or TypeError) when it is damaged."""
         if not isinstance(d, dict):
             raise ValueError("result is not an object")

@@ -11,9 +11,9 @@ from ._errors import NoFeasibleConfigError, ZerotuneError
 from .accelerate_job import AccelerateLaunch, is_accelerate_launch
 from .api_check import checked, renamed
 from .cluster import Cluster, check_counts
-from .confirm import confirm, earlier_confirmation
 from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
+from .confirm import confirm, earlier_confirmation
 from .cost import tuning_cost
 from .launch import Launcher, end_leftovers, leftovers_line, trial_env
 from .loop import PhaseRun

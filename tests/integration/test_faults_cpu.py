@@ -8,9 +8,8 @@ import pytest
 
 from conftest import ROOT
 from procs import shm_buffers, trial_processes
-from zerotune.launch import LocalLauncher, TrialJob
+from zerotune.launch import LocalLauncher, TrialJob, _local
 from zerotune.settings import MeasureSettings
-from zerotune.launch import _local
 from zerotune.trial import TrialSpec, TrialState
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from .._proc import exit_file, read_exit
 from ..step_stats import estimate_is_stable, is_stable, split_disturbed, summarize
 from ..trial import Measurement, TrialResult, TrialSpec, TrialState
-from .._proc import exit_file, read_exit
 from ..units import format_size
 from ._build_locks import lock_hint
 

@@ -2,8 +2,6 @@
 ended as one, heartbeats, ports and shared-memory buffers."""
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import base64
 import json
 import os
@@ -12,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from .._proc import die_with_parent

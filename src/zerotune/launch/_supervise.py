@@ -13,9 +13,9 @@ from ..store import write_json
 from ..trial import TrialResult
 from ._base import Launcher, TrialJob
 from ._collect import collect
-from ._process import ProcessGroup, stalled, trial_env
 from ._leftovers import note_port, trial_env_marks
 from ._oom_kills import oom_kill_count, oom_kills_since
+from ._process import ProcessGroup, stalled, trial_env
 
 FAILED_NODE_GRACE = 2.0
 """Seconds the other nodes get once one node's processes failed: theirs wait in a collective

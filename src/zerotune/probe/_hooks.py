@@ -9,8 +9,20 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..step_stats import (MICRO_STEPS_FROM, Figure, Samples, estimate_is_stable, is_stable, settle_verdict,
-                          slower_beyond, split_disturbed, step_estimate, step_estimate_df, summarize, t95_df)
+from ..step_stats import (
+    MICRO_STEPS_FROM,
+    Figure,
+    Samples,
+    estimate_is_stable,
+    is_stable,
+    settle_verdict,
+    slower_beyond,
+    split_disturbed,
+    step_estimate,
+    step_estimate_df,
+    summarize,
+    t95_df,
+)
 from ..store import write_json
 from ._history import ProcessHistory, zero_setup
 from ._memory import MemoryReader, minor_faults

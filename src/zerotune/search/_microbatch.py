@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Generator
 
-from ..memory import Z, MemoryModel
+from ..memory import MemoryModel, Z
 from ..ranking import choose_best, clearly_worse
 from ..trial import TrialResult, TrialSpec, TrialState
 from ..units import format_size
