@@ -36,6 +36,7 @@ Lines: faults: injected=<n> survived=<n> lost_results=<n> orphans=<n>
        hostile: tried=<n> tracebacks=<n> escaped=<n> stale_reuse=<n> deleted_foreign=<n>
                 leftover_procs=<n> leaked_shm=<n> false_oom=<n>
 """
+
 from __future__ import annotations
 
 import json
@@ -56,8 +57,17 @@ from procs import trial_processes  # noqa: E402
 FAULTY = ROOT / "tests" / "integration" / "faulty_trial.py"
 OUT = ROOT / "bench" / "results" / "faults"
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-IN_TRIAL = {"exit1": "crashed", "segv": "crashed", "hang": "timeout", "oom": "oom", "error_words": "ok",
-            "rank_dies": "crashed", "slow_start": "ok", "killed": "killed", "daemon": "ok"}
+IN_TRIAL = {
+    "exit1": "crashed",
+    "segv": "crashed",
+    "hang": "timeout",
+    "oom": "oom",
+    "error_words": "ok",
+    "rank_dies": "crashed",
+    "slow_start": "ok",
+    "killed": "killed",
+    "daemon": "ok",
+}
 
 
 def setup(name: str) -> tuple[Path, Path]:
@@ -65,17 +75,41 @@ def setup(name: str) -> tuple[Path, Path]:
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     cfg = d / "ds.json"
-    cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "Adam",
-                                                                                  "params": {"lr": 1e-3}},
-                               "zero_optimization": {"stage": [0, 1]},
-                               "autotuning": {"start_profile_step": 2, "end_profile_step": 5}}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": 4,
+                "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+                "zero_optimization": {"stage": [0, 1]},
+                "autotuning": {"start_profile_step": 2, "end_profile_step": 5},
+            }
+        )
+    )
     return d / "results", cfg
 
 
 def cli(res: Path, cfg: Path, faults: dict) -> list[str]:
-    return [sys.executable, "-m", "zerotune.cli", "tune", "--num-gpus", "2", "--results-dir", str(res),
-            "--precision", "0.2", "--stall-timeout", "5", "--trial-timeout", "120", str(FAULTY),
-            "--faults", json.dumps(faults), "--deepspeed_config", str(cfg)]
+    return [
+        sys.executable,
+        "-m",
+        "zerotune.cli",
+        "tune",
+        "--num-gpus",
+        "2",
+        "--results-dir",
+        str(res),
+        "--precision",
+        "0.2",
+        "--stall-timeout",
+        "5",
+        "--trial-timeout",
+        "120",
+        str(FAULTY),
+        "--faults",
+        json.dumps(faults),
+        "--deepspeed_config",
+        str(cfg),
+    ]
 
 
 def states(res: Path) -> dict[int, str]:
@@ -126,11 +160,16 @@ def killed(sig: int) -> tuple[bool, int, int, str]:
     left_after_kill = len(trial_processes(res.resolve())) if sig != signal.SIGKILL else 0
     told = sig == signal.SIGKILL or "Rerun the same command to resume" in err
     again = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
-    lost = sum(1 for name, t in before.items() if not (res / name / "result.json").exists()
-               or (res / name / "result.json").stat().st_mtime != t)
+    lost = sum(
+        1
+        for name, t in before.items()
+        if not (res / name / "result.json").exists() or (res / name / "result.json").stat().st_mtime != t
+    )
     ok = again.returncode == 0 and told and states(res) == {0: "ok", 1: "ok"} and bool(before)
-    detail = (f"{len(before)} finished before the kill, killed run exit {proc.returncode}, rerun exit "
-              f"{again.returncode}, states {states(res)}")
+    detail = (
+        f"{len(before)} finished before the kill, killed run exit {proc.returncode}, rerun exit "
+        f"{again.returncode}, states {states(res)}"
+    )
     if not told:
         detail += f"; no resume hint in: {err.strip()[-300:]!r}"
     return ok, lost, left_after_kill + orphans(res), detail
@@ -153,15 +192,20 @@ def ignoring_ranks_relative() -> tuple[bool, int, int, str]:
     told = "left running" in " ".join(again.stdout.split())
     leaked = set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")) - before
     ok = again.returncode == 0 and told and states(res) == {0: "ok", 1: "ok"} and not leaked
-    return ok, 0, orphans(res), f"rerun exit {again.returncode}, ended the leftovers: {told}, " \
-                                f"buffers left: {len(leaked)}"
+    return (
+        ok,
+        0,
+        orphans(res),
+        f"rerun exit {again.returncode}, ended the leftovers: {told}, buffers left: {len(leaked)}",
+    )
 
 
 def ctrl_c_twice() -> tuple[bool, int, int, str]:
     res, cfg = setup("ctrl_c_twice")
     before = set(Path("/dev/shm").glob("deepspeed_allreduce_buffer_*"))
-    proc = subprocess.Popen(cli(res, cfg, {"0": "hang"}), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        cli(res, cfg, {"0": "hang"}), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and len(list(res.glob("z0_*/rank*.progress"))) < 2:
         time.sleep(0.2)
@@ -184,15 +228,17 @@ def port_taken() -> tuple[bool, int, int, str]:
     ports, real = iter([busy.getsockname()[1]]), _local.free_port
     _local.free_port = lambda: next(ports, None) or real()
     try:
-        result = Autotuner([str(FAULTY), "--deepspeed_config", str(cfg)], num_gpus=2, results_dir=res,
-                           precision=0.2, stall_timeout=5).tune()
+        result = Autotuner(
+            [str(FAULTY), "--deepspeed_config", str(cfg)], num_gpus=2, results_dir=res, precision=0.2, stall_timeout=5
+        ).tune()
     finally:
         _local.free_port = real
         busy.close()
     # A cold trial retries in its own folder (launcher.attempt*); warm processes that could not
     # take the port are retired with that reason, and the trial runs in the next ones.
-    retried = (any(p.name.startswith("launcher.attempt") for p in res.glob("*/*"))
-               or any("master port was in use" in p.read_text() for p in res.glob("_warm/*/retired.txt")))
+    retried = any(p.name.startswith("launcher.attempt") for p in res.glob("*/*")) or any(
+        "master port was in use" in p.read_text() for p in res.glob("_warm/*/retired.txt")
+    )
     ok = retried and {t.spec.stage: t.state.value for t in result.trials} == {0: "ok", 1: "ok"}
     return ok, 0, orphans(res), f"retried on another port: {retried}"
 
@@ -213,8 +259,9 @@ def disk_full() -> tuple[bool, int, int, str]:
         return real(self, text, *a, **kw)
 
     def tune():
-        return Autotuner([str(FAULTY), "--deepspeed_config", str(cfg)], num_gpus=2, results_dir=res,
-                         precision=0.2, stall_timeout=5).tune()
+        return Autotuner(
+            [str(FAULTY), "--deepspeed_config", str(cfg)], num_gpus=2, results_dir=res, precision=0.2, stall_timeout=5
+        ).tune()
 
     pathlib.Path.write_text = filling
     try:
@@ -228,8 +275,12 @@ def disk_full() -> tuple[bool, int, int, str]:
     half = list(res.rglob("*.tmp"))
     result = tune()
     lost = sum(1 for name, t in before.items() if (res / name / "result.json").stat().st_mtime != t)
-    ok = clear and not half and bool(before) and {t.spec.stage: t.state.value for t in result.trials} == \
-        {0: "ok", 1: "ok"}
+    ok = (
+        clear
+        and not half
+        and bool(before)
+        and {t.spec.stage: t.state.value for t in result.trials} == {0: "ok", 1: "ok"}
+    )
     return ok, lost, orphans(res), f"clear error: {clear}, half-written files: {len(half)}"
 
 
@@ -259,34 +310,79 @@ def hostile() -> None:
                 damages(box / "results")[i][1]()
                 count(run_cli([command, str(box / "results")], box, box / "results"))
         odd = ["nan", "inf", "-1", "0", "1e400", "1000000000", "", "../x", "/proc/x", "\x1b[31m"]
-        for flag in ("--num-gpus", "--memory-per-device", "--trial-timeout", "--stall-timeout", "--precision",
-                     "--time-budget", "--hostfile", "--tensorboard", "--max-concurrent-trials"):
+        for flag in (
+            "--num-gpus",
+            "--memory-per-device",
+            "--trial-timeout",
+            "--stall-timeout",
+            "--precision",
+            "--time-budget",
+            "--hostfile",
+            "--tensorboard",
+            "--max-concurrent-trials",
+        ):
             for value in odd:
                 box = Path(tmp) / "args"
                 shutil.rmtree(box, ignore_errors=True)
                 shutil.copytree(pristine.parent, box, symlinks=True)
-                count(run_cli(["tune", "--quiet", flag, value, "--results-dir", str(box / "results"), "train.py",
-                               "--deepspeed_config", "ds.json"], box, box / "results"),
-                      allowed=box / value if flag == "--tensorboard" else None)
+                count(
+                    run_cli(
+                        [
+                            "tune",
+                            "--quiet",
+                            flag,
+                            value,
+                            "--results-dir",
+                            str(box / "results"),
+                            "train.py",
+                            "--deepspeed_config",
+                            "ds.json",
+                        ],
+                        box,
+                        box / "results",
+                    ),
+                    allowed=box / value if flag == "--tensorboard" else None,
+                )
         for flag in ("--params", "--global-batch", "--seq-len", "--num-gpus", "--device-memory"):
             for value in odd:
-                count(run_cli(["estimate", "--hf-config", str(ROOT / "bench" / "faults.py"), flag, value]
-                              if flag == "--seq-len" else ["estimate", *(["--params", "1B"] if flag != "--params"
-                                                                         else []), flag, value],
-                              Path(tmp), Path(tmp) / "none"))
+                count(
+                    run_cli(
+                        ["estimate", "--hf-config", str(ROOT / "bench" / "faults.py"), flag, value]
+                        if flag == "--seq-len"
+                        else ["estimate", *(["--params", "1B"] if flag != "--params" else []), flag, value],
+                        Path(tmp),
+                        Path(tmp) / "none",
+                    )
+                )
         # Edits that change what a trial measures: a rerun must measure again, reusing nothing.
-        edits = {"script": lambda b: (b / "train.py").write_text((b / "train.py").read_text() + "X = 1\n"),
-                 "config": lambda b: (b / "ds.json").write_text((b / "ds.json").read_text().replace(
-                     '"type": "AdamW"', '"type": "Adam"'))}
+        edits = {
+            "script": lambda b: (b / "train.py").write_text((b / "train.py").read_text() + "X = 1\n"),
+            "config": lambda b: (b / "ds.json").write_text(
+                (b / "ds.json").read_text().replace('"type": "AdamW"', '"type": "Adam"')
+            ),
+        }
         for name, edit in edits.items():
             box = Path(tmp) / f"edit-{name}"
             shutil.copytree(pristine.parent, box, symlinks=True)
             edit(box)
-            outcome = run_cli(["tune", "--log-format", "json", "--results-dir", str(box / "results"), "train.py",
-                               "--deepspeed_config", "ds.json"], box, box / "results")
+            outcome = run_cli(
+                [
+                    "tune",
+                    "--log-format",
+                    "json",
+                    "--results-dir",
+                    str(box / "results"),
+                    "train.py",
+                    "--deepspeed_config",
+                    "ds.json",
+                ],
+                box,
+                box / "results",
+            )
             count(outcome)
-            stale += sum(json.loads(line).get("event") == "reused" for line in outcome.out.splitlines()
-                         if line.startswith("{"))
+            stale += sum(
+                json.loads(line).get("event") == "reused" for line in outcome.out.splitlines() if line.startswith("{")
+            )
         found = owned_and_left(Path(tmp), count)
         sys.path.insert(0, str(ROOT / "tests"))
         from test_report_html import many_trials_folder
@@ -295,8 +391,10 @@ def hostile() -> None:
         start = time.monotonic()
         write_report(big)
         print(f"report of 2000 trials: {time.monotonic() - start:.1f} s", flush=True)
-    print(f"hostile: tried={tried} tracebacks={tracebacks} escaped={escaped} stale_reuse={stale} "
-          + " ".join(f"{k}={v}" for k, v in found.items()))
+    print(
+        f"hostile: tried={tried} tracebacks={tracebacks} escaped={escaped} stale_reuse={stale} "
+        + " ".join(f"{k}={v}" for k, v in found.items())
+    )
 
 
 def owned_and_left(tmp: Path, count) -> dict[str, int]:
@@ -345,32 +443,46 @@ def owned_and_left(tmp: Path, count) -> dict[str, int]:
     b3.mkdir()
     results = tuned_folder(b3)
     before = sorted(p.name for p in results.iterdir())
-    for given in ({"overwrite": "no"}, {"warm_trials": "no"}, {"num_gpus": "2"}, {"num_gpus": 2.5},
-                  {"on_event": 5}, {"retry_failed": "false"}):
+    for given in (
+        {"overwrite": "no"},
+        {"warm_trials": "no"},
+        {"num_gpus": "2"},
+        {"num_gpus": 2.5},
+        {"on_event": 5},
+        {"retry_failed": "false"},
+    ):
         try:
-            Autotuner([str(b3 / "train.py"), "--deepspeed_config", str(b3 / "ds.json")],
-                      **{"results_dir": results, **given})
+            Autotuner(
+                [str(b3 / "train.py"), "--deepspeed_config", str(b3 / "ds.json")], **{"results_dir": results, **given}
+            )
             count(SimpleNamespace(code=0, traceback="accepted " + repr(given), escaped=[]))
         except ValueError:
             count(SimpleNamespace(code=2, traceback="", escaped=[]))
-    found["deleted_foreign"] = (sum(not p.exists() or p.read_text() != t for p, t in {**user, **mine}.items())
-                                + (sorted(p.name for p in results.iterdir()) != before))
+    found["deleted_foreign"] = sum(not p.exists() or p.read_text() != t for p, t in {**user, **mine}.items()) + (
+        sorted(p.name for p in results.iterdir()) != before
+    )
 
     # Bad input: each one message and status 2.
     b = box("bad")
     (b / "dup.json").write_text('{"train_batch_size": 8, "train_batch_size": 16}')
-    (b / "batch.json").write_text(json.dumps({"train_batch_size": 64, "gradient_accumulation_steps": 3,
-                                              "train_micro_batch_size_per_gpu": 4}))
+    (b / "batch.json").write_text(
+        json.dumps({"train_batch_size": 64, "gradient_accumulation_steps": 3, "train_micro_batch_size_per_gpu": 4})
+    )
     (b / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     with open(b / "huge.json", "wb") as f:
         f.truncate(4 << 30)
     (b / "folder.py").mkdir()
     os.mkfifo(b / "pipe.json")
     (b / "hf.json").write_text('{"hidden_size": 1e400, "num_hidden_layers": 2, "vocab_size": 10}')
-    for argv in (["train.py", "--deepspeed_config", "ds.json", "--deepspeed_config", "dup.json"],
-                 ["train.py", "--deepspeed_config", "dup.json"], ["train.py", "--deepspeed_config", "batch.json"],
-                 ["train.py", "--deepspeed_config", "deep.json"], ["train.py", "--deepspeed_config", "huge.json"],
-                 ["folder.py", "--deepspeed_config", "ds.json"], ["train.py", "--deepspeed_config", "pipe.json"]):
+    for argv in (
+        ["train.py", "--deepspeed_config", "ds.json", "--deepspeed_config", "dup.json"],
+        ["train.py", "--deepspeed_config", "dup.json"],
+        ["train.py", "--deepspeed_config", "batch.json"],
+        ["train.py", "--deepspeed_config", "deep.json"],
+        ["train.py", "--deepspeed_config", "huge.json"],
+        ["folder.py", "--deepspeed_config", "ds.json"],
+        ["train.py", "--deepspeed_config", "pipe.json"],
+    ):
         tune(b, *argv)
     count(run_cli(["estimate", "--hf-config", str(b / "hf.json")], b, b / "none"))
     tune(b, "--", "train.py", "--deepspeed_config", "ds.json", results="dashdash")
@@ -405,20 +517,35 @@ def owned_and_left(tmp: Path, count) -> dict[str, int]:
     trial = tmp / "killed"
     trial.mkdir()
     (trial / "launcher.log").write_text("[ERROR] ['python'] exits with return code = -9\n")
-    (trial / "rank0.json").write_text(json.dumps({"state": "crashed", "reason": "RuntimeError: reset",
-                                                   "peak_memory": 350 << 20}))
+    (trial / "rank0.json").write_text(
+        json.dumps({"state": "crashed", "reason": "RuntimeError: reset", "peak_memory": 350 << 20})
+    )
     for kills in (0, None):
-        r = collect(spec=TrialSpec(stage=0, micro_batch=4), trial_dir=trial, world=2, returncode=247,
-                    timed_out=False, timeout=60, wall_time=1.0, budget=12 << 30, min_steps=3, rel_ci=0.03,
-                    oom_kills=kills)
+        r = collect(
+            spec=TrialSpec(stage=0, micro_batch=4),
+            trial_dir=trial,
+            world=2,
+            returncode=247,
+            timed_out=False,
+            timeout=60,
+            wall_time=1.0,
+            budget=12 << 30,
+            min_steps=3,
+            rel_ci=0.03,
+            oom_kills=kills,
+        )
         found["false_oom"] += r.state is TrialState.OOM
     b = box("hang")
     sys.path.insert(0, str(ROOT / "tests"))
     from fakes import FakeLauncher, FakeMachine
 
     try:
-        Autotuner([str(b / "train.py"), "--deepspeed_config", str(b / "ds.json")], num_gpus=2,
-                  results_dir=b / "results", launcher=FakeLauncher(FakeMachine(hang={0, 1, 2, 3}))).tune()
+        Autotuner(
+            [str(b / "train.py"), "--deepspeed_config", str(b / "ds.json")],
+            num_gpus=2,
+            results_dir=b / "results",
+            launcher=FakeLauncher(FakeMachine(hang={0, 1, 2, 3})),
+        ).tune()
     except NoFeasibleConfigError as e:
         found["false_oom"] += "memory" in str(e)
     return found
@@ -430,11 +557,16 @@ def main() -> None:
         return
     os.environ.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     scenarios = {f"trial: {f}": (lambda f=f: in_trial(f)) for f in IN_TRIAL}
-    scenarios.update({"port already in use": port_taken, "results disk full": disk_full,
-                      "tuner SIGKILL mid-trial, rerun": lambda: killed(signal.SIGKILL),
-                      "Ctrl-C mid-trial, rerun": lambda: killed(signal.SIGINT),
-                      "Ctrl-C twice at once": ctrl_c_twice,
-                      "SIGKILL, ranks ignore TERM, relative": ignoring_ranks_relative})
+    scenarios.update(
+        {
+            "port already in use": port_taken,
+            "results disk full": disk_full,
+            "tuner SIGKILL mid-trial, rerun": lambda: killed(signal.SIGKILL),
+            "Ctrl-C mid-trial, rerun": lambda: killed(signal.SIGINT),
+            "Ctrl-C twice at once": ctrl_c_twice,
+            "SIGKILL, ranks ignore TERM, relative": ignoring_ranks_relative,
+        }
+    )
     survived = lost = left = 0
     for name, run in scenarios.items():
         start = time.monotonic()
@@ -445,8 +577,11 @@ def main() -> None:
         survived += ok
         lost += n_lost
         left += n_left
-        print(f"{name:32} {'survived' if ok else 'FAILED':8} lost={n_lost} orphans={n_left} "
-              f"{time.monotonic() - start:5.0f} s  {detail}", flush=True)
+        print(
+            f"{name:32} {'survived' if ok else 'FAILED':8} lost={n_lost} orphans={n_left} "
+            f"{time.monotonic() - start:5.0f} s  {detail}",
+            flush=True,
+        )
     print(f"faults: injected={len(scenarios)} survived={survived} lost_results={lost} orphans={left}")
     hostile()
 

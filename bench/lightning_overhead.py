@@ -17,6 +17,7 @@ the median over the rounds.
 
 Last line: lightning: overhead_ratio=<ours/theirs> tuned_speedup=<tuned/stage2_default>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP_BATCHES = 5
 MODES = ["ours", "theirs", "tuned", "stage2_default"]
-FIXED = {"zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 2},
-         "train_micro_batch_size_per_gpu": 8}
+FIXED = {"zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8}
 
 
 def child(mode: str, args) -> None:
@@ -86,9 +86,17 @@ def child(mode: str, args) -> None:
         meter = Throughput()
         torch.manual_seed(0)
         strategy = strategies[mode]()
-        trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_steps=args.steps, logger=False,
-                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                            callbacks=[meter])
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy=strategy,
+            max_steps=args.steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[meter],
+        )
         trainer.fit(GPTModule(args.model), TokenData(args.model, batch_size=8))
         if trainer.global_rank != 0:
             return None
@@ -102,7 +110,7 @@ def child(mode: str, args) -> None:
         fit("tuned")
         return
     for r in range(args.rounds):
-        for m in (MODES if r % 2 == 0 else MODES[::-1]):
+        for m in MODES if r % 2 == 0 else MODES[::-1]:
             value = fit(m)
             if value is not None:
                 print("RESULT " + json.dumps({"round": r, "mode": m, "throughput": value}), flush=True)
@@ -133,19 +141,33 @@ def main() -> None:
     env.pop("PL_DEEPSPEED_CONFIG_PATH", None)
     log = work / "bench.log"
     print(f"model {args.model}, 2 CPU processes, {args.rounds} rounds; logs in {log}", flush=True)
-    common = ["--model", args.model, "--steps", str(args.steps), "--rounds", str(args.rounds),
-              "--cache-dir", args.cache_dir]
+    common = [
+        "--model",
+        args.model,
+        "--steps",
+        str(args.steps),
+        "--rounds",
+        str(args.rounds),
+        "--cache-dir",
+        args.cache_dir,
+    ]
     start = time.monotonic()
     run([sys.executable, __file__, "--child", "tune", *common], env, log)  # tunes on first fit, fills the cache
     (entry,) = Path(args.cache_dir).glob("*/tuned.json")
     best = json.loads(entry.read_text())
-    print(f"tuned on first fit in {time.monotonic() - start:.0f} s: {best['best']} "
-          f"(batch_size={best['batch_size']}, accumulate_grad_batches={best['accumulate_grad_batches']})", flush=True)
-    lines = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", __file__, "--child", "measure",
-                 *common], env, log)
+    print(
+        f"tuned on first fit in {time.monotonic() - start:.0f} s: {best['best']} "
+        f"(batch_size={best['batch_size']}, accumulate_grad_batches={best['accumulate_grad_batches']})",
+        flush=True,
+    )
+    lines = run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", __file__, "--child", "measure", *common],
+        env,
+        log,
+    )
     measured: dict[str, list[float]] = {m: [] for m in MODES}
     for line in lines:
-        r = json.loads(line[len("RESULT "):])
+        r = json.loads(line[len("RESULT ") :])
         measured[r["mode"]].append(r["throughput"])
     for r in range(args.rounds):
         print(f"round {r + 1}: " + "  ".join(f"{m} {measured[m][r]:.1f}" for m in MODES) + " samples/s")

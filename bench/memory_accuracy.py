@@ -15,6 +15,7 @@ its autotuner's model-state formula for stages 0-1; neither counts activations o
 
 Last line: memory_accuracy: median_err=<pct> max_err=<pct> deepspeed_median_err=<pct> n=<count>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-VARIANTS = [(0, "none", "none"), (1, "none", "none"), (2, "none", "none"), (3, "none", "none"),
-            (2, "cpu", "none"), (3, "cpu", "cpu")]
+VARIANTS = [
+    (0, "none", "none"),
+    (1, "none", "none"),
+    (2, "none", "none"),
+    (3, "none", "none"),
+    (2, "cpu", "none"),
+    (3, "cpu", "cpu"),
+]
 
 
 def ds_config(stage: int, mb: int, off_opt: str, off_param: str) -> dict:
@@ -36,8 +43,12 @@ def ds_config(stage: int, mb: int, off_opt: str, off_param: str) -> dict:
         zero["offload_optimizer"] = {"device": off_opt}
     if off_param != "none":
         zero["offload_param"] = {"device": off_param}
-    return {"train_micro_batch_size_per_gpu": mb, "gradient_accumulation_steps": 1,
-            "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}, "zero_optimization": zero}
+    return {
+        "train_micro_batch_size_per_gpu": mb,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+        "zero_optimization": zero,
+    }
 
 
 def run_trial(cfg: dict, name: str, out: Path, args):
@@ -50,17 +61,35 @@ def run_trial(cfg: dict, name: str, out: Path, args):
     if args.reuse and (d / "rank1.json").exists():  # measured by an earlier run: recompute the figures only
         from zerotune.launch._collect import collect
 
-        result = collect(spec=spec, trial_dir=d, world=2, returncode=0, timed_out=False, timeout=600, wall_time=0,
-                         budget=None, min_steps=3, rel_ci=0.5)
+        result = collect(
+            spec=spec,
+            trial_dir=d,
+            world=2,
+            returncode=0,
+            timed_out=False,
+            timeout=600,
+            wall_time=0,
+            budget=None,
+            min_steps=3,
+            rel_ci=0.5,
+        )
         if result.state is TrialState.OK:
             return result
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
     (d / "ds_config.json").write_text(json.dumps(cfg))
-    job = TrialJob(spec=spec, trial_dir=d, script=str(ROOT / "examples" / "gpt.py"),
-                   script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
-                   local_rank_arg=True, num_gpus=2, budget=None, warmup_steps=2, min_steps=3,
-                   measure=MeasureSettings(max_seconds=3.0, precision=0.5))
+    job = TrialJob(
+        spec=spec,
+        trial_dir=d,
+        script=str(ROOT / "examples" / "gpt.py"),
+        script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
+        local_rank_arg=True,
+        num_gpus=2,
+        budget=None,
+        warmup_steps=2,
+        min_steps=3,
+        measure=MeasureSettings(max_seconds=3.0, precision=0.5),
+    )
     result = LocalLauncher(device="cpu").run(job)
     if result.state is not TrialState.OK:
         sys.exit(f"{name} failed: {result.state.value} {result.reason} (see {d})")
@@ -80,8 +109,15 @@ def deepspeed_estimate(stage: int, off_opt: str, off_param: str, num_params: int
         else:
             from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs as est
 
-            cpu, gpu, _ = est(num_params, largest, dp, 1, cpu_offload=off_opt != "none",
-                              cpu_offload_params=off_param != "none", zero_init=True)
+            cpu, gpu, _ = est(
+                num_params,
+                largest,
+                dp,
+                1,
+                cpu_offload=off_opt != "none",
+                cpu_offload_params=off_param != "none",
+                zero_init=True,
+            )
         return gpu + (cpu / dp if off_opt != "none" else 0)
     # DeepSpeed's autotuner, fp32: params 4, gradients 4, Adam 8 bytes; stage 1 partitions the optimizer.
     return (4 + 4 + (8 / dp if stage == 1 else 8)) * num_params
@@ -108,16 +144,28 @@ def main() -> None:
     print(f"model {args.model}, 2 CPU processes, micro-batches {mbs}; trials in {out}", flush=True)
     print(f"{'config':28} {'measured':>10} {'zerotune':>10} {'err':>7} {'deepspeed':>10} {'err':>7}", flush=True)
     for stage, off_opt, off_param in VARIANTS:
+
         def setup_for(s, n, stage=stage, off_opt=off_opt, off_param=off_param):
-            return MemorySetup(num_params=n, dp=2, stage=s, offload_optimizer=off_opt, offload_param=off_param,
-                               reduce_bucket_size=5e8, allgather_bucket_size=5e8, prefetch_bucket_size=5e7)
+            return MemorySetup(
+                num_params=n,
+                dp=2,
+                stage=s,
+                offload_optimizer=off_opt,
+                offload_param=off_param,
+                reduce_bucket_size=5e8,
+                allgather_bucket_size=5e8,
+                prefetch_bucket_size=5e7,
+            )
 
         model = MemoryModel(dp=2, mixed_precision=False, setup_for=setup_for)
         middle = mbs[len(mbs) // 2]
         order = [middle, mbs[-1]] + [m for m in mbs if m not in (middle, mbs[-1])]
         for i, mb in enumerate(order):
-            name = f"z{stage}_mb{mb}" + ("_oo=cpu" if off_opt != "none" else "") + ("_op=cpu" if off_param != "none"
-                                                                                  else "")
+            name = (
+                f"z{stage}_mb{mb}"
+                + ("_oo=cpu" if off_opt != "none" else "")
+                + ("_op=cpu" if off_param != "none" else "")
+            )
             result = run_trial(ds_config(stage, mb, off_opt, off_param), name, out, args)
             measured = result.max_peak
             if i < 2:  # calibration
@@ -132,13 +180,17 @@ def main() -> None:
             ours.append(err)
             theirs.append(ds_err)
             rows.append({"config": name, "measured": measured, "predicted": predicted, "deepspeed": ds})
-            print(f"{name:28} {measured / 2**20:9.0f}M {predicted / 2**20:9.0f}M {err:6.1%} {ds / 2**20:9.0f}M "
-                  f"{ds_err:6.1%}", flush=True)
+            print(
+                f"{name:28} {measured / 2**20:9.0f}M {predicted / 2**20:9.0f}M {err:6.1%} {ds / 2**20:9.0f}M "
+                f"{ds_err:6.1%}",
+                flush=True,
+            )
     (out / "memory_accuracy.json").write_text(json.dumps(rows, indent=2))
-    print(f"held-out peaks under the prediction's upper bound (the search's limit): "
-          f"{sum(covered)}/{len(covered)}")
-    print(f"memory_accuracy: median_err={statistics.median(ours) * 100:.1f}% max_err={max(ours) * 100:.1f}% "
-          f"deepspeed_median_err={statistics.median(theirs) * 100:.1f}% n={len(ours)}")
+    print(f"held-out peaks under the prediction's upper bound (the search's limit): {sum(covered)}/{len(covered)}")
+    print(
+        f"memory_accuracy: median_err={statistics.median(ours) * 100:.1f}% max_err={max(ours) * 100:.1f}% "
+        f"deepspeed_median_err={statistics.median(theirs) * 100:.1f}% n={len(ours)}"
+    )
 
 
 if __name__ == "__main__":

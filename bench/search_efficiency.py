@@ -17,6 +17,7 @@ no prior) is printed too, to show what the prior contributes. The sweep is the c
 
 Last line: search_efficiency: model_based=<trials> random=<trials> grid=<trials> oracle=<space size>
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 Z = "zero_optimization."
 STAGE = 2
-KNOBS = {Z + "reduce_bucket_size": (2e5, 2e6, 5e8), Z + "overlap_comm": (True, False),
-         Z + "contiguous_gradients": (True, False)}
+KNOBS = {
+    Z + "reduce_bucket_size": (2e5, 2e6, 5e8),
+    Z + "overlap_comm": (True, False),
+    Z + "contiguous_gradients": (True, False),
+}
 MICRO_BATCHES = (4, 8, 16)
 GLOBAL_BATCH = 64
 DP = 2
@@ -57,15 +61,29 @@ def measure(spec, out: Path, args) -> dict:
     d.mkdir(parents=True)
     base = {"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}, "zero_optimization": {"stage": STAGE}}
     (d / "ds_config.json").write_text(json.dumps(trial_config(base, spec, DP)))
-    job = TrialJob(spec=spec, trial_dir=d, script=str(ROOT / "examples" / "gpt.py"),
-                   script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
-                   local_rank_arg=True, num_gpus=DP, budget=None, warmup_steps=2, min_steps=3,
-                   measure=MeasureSettings(max_seconds=args.max_seconds, precision=args.precision))
+    job = TrialJob(
+        spec=spec,
+        trial_dir=d,
+        script=str(ROOT / "examples" / "gpt.py"),
+        script_args=["--model", args.model, "--deepspeed_config", str(d / "ds_config.json")],
+        local_rank_arg=True,
+        num_gpus=DP,
+        budget=None,
+        warmup_steps=2,
+        min_steps=3,
+        measure=MeasureSettings(max_seconds=args.max_seconds, precision=args.precision),
+    )
     r = LocalLauncher(device="cpu").run(job)
     m = r.measurement
-    return {"name": spec.name, "state": r.state.value, "reason": r.reason, "peak": r.max_peak,
-            "samples_per_step": m.samples_per_step if m else None, "step_time_mean": m.step_time_mean if m else None,
-            "step_time_ci95": m.step_time_ci95 if m else None}
+    return {
+        "name": spec.name,
+        "state": r.state.value,
+        "reason": r.reason,
+        "peak": r.max_peak,
+        "samples_per_step": m.samples_per_step if m else None,
+        "step_time_mean": m.step_time_mean if m else None,
+        "step_time_ci95": m.step_time_ci95 if m else None,
+    }
 
 
 def replay(searcher, table: dict[str, dict], target: float) -> int | None:
@@ -77,8 +95,14 @@ def replay(searcher, table: dict[str, dict], target: float) -> int | None:
         row = table[s.spec.name]
         launched += 1
         if row["state"] == "ok":
-            m = Measurement(samples_per_step=row["samples_per_step"], step_time_mean=row["step_time_mean"],
-                            step_time_std=0.0, step_time_ci95=row["step_time_ci95"], steps_measured=5, stable=True)
+            m = Measurement(
+                samples_per_step=row["samples_per_step"],
+                step_time_mean=row["step_time_mean"],
+                step_time_std=0.0,
+                step_time_ci95=row["step_time_ci95"],
+                steps_measured=5,
+                stable=True,
+            )
             result = TrialResult(spec=s.spec, state=TrialState.OK, measurement=m, peak_memory=[row["peak"] or 0])
         else:
             result = TrialResult(spec=s.spec, state=TrialState(row["state"]), reason=row["reason"])
@@ -120,19 +144,28 @@ def main() -> None:
     oracle = max(ok, key=ok.get)
     target = (1 - WITHIN) * ok[oracle]
     within = sorted(n for n, v in ok.items() if v >= target)
-    print(f"oracle: {oracle} {ok[oracle]:.1f} samples/s; {len(within)} of {len(points)} within {WITHIN:.0%}: "
-          + ", ".join(within))
+    print(
+        f"oracle: {oracle} {ok[oracle]:.1f} samples/s; {len(within)} of {len(points)} within {WITHIN:.0%}: "
+        + ", ".join(within)
+    )
     means = {}
-    variants = {"model_based": ("model_based", {}), "tpe_no_prior": ("model_based", {"use_prior": False}),
-                "random": ("random", {}), "gridsearch": ("gridsearch", {})}
+    variants = {
+        "model_based": ("model_based", {}),
+        "tpe_no_prior": ("model_based", {"use_prior": False}),
+        "random": ("random", {}),
+        "gridsearch": ("gridsearch", {}),
+    }
     for label, (kind, kw) in variants.items():
-        counts = [replay(SEARCHERS[kind](space(), metric="throughput", seed=seed, **kw), table, target)
-                  for seed in SEEDS]
+        counts = [
+            replay(SEARCHERS[kind](space(), metric="throughput", seed=seed, **kw), table, target) for seed in SEEDS
+        ]
         shown = [c if c is not None else len(points) for c in counts]
         means[label] = statistics.mean(shown)
         print(f"{label:12} trials to within {WITHIN:.0%} per seed {SEEDS}: {counts}  mean {means[label]:.1f}")
-    print(f"search_efficiency: model_based={means['model_based']:.1f} random={means['random']:.1f} "
-          f"grid={means['gridsearch']:.1f} oracle={len(points)}")
+    print(
+        f"search_efficiency: model_based={means['model_based']:.1f} random={means['random']:.1f} "
+        f"grid={means['gridsearch']:.1f} oracle={len(points)}"
+    )
 
 
 if __name__ == "__main__":

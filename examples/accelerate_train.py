@@ -11,6 +11,7 @@ then train with the command zerotune wrote (autotuning_results/cmd_optimal.txt):
     accelerate launch --config_file autotuning_results/accelerate_config_optimal.yaml \
         examples/accelerate_train.py --per_device_train_batch_size 16 --gradient_accumulation_steps 1
 """
+
 import argparse
 import os
 import sys
@@ -53,9 +54,12 @@ def main() -> None:
                 break
     engine = model  # accelerate.prepare returns DeepSpeed's engine under a DeepSpeed plugin
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"loss={loss.item():.4f} steps={step} zero_stage={engine.zero_optimization_stage()} "
-              f"micro_batch={engine.train_micro_batch_size_per_gpu()} "
-              f"accumulation={engine.gradient_accumulation_steps()}", flush=True)
+        print(
+            f"loss={loss.item():.4f} steps={step} zero_stage={engine.zero_optimization_stage()} "
+            f"micro_batch={engine.train_micro_batch_size_per_gpu()} "
+            f"accumulation={engine.gradient_accumulation_steps()}",
+            flush=True,
+        )
     accelerator.end_training()  # ends the process group too, before the interpreter's exit
 
 

@@ -8,6 +8,7 @@ On a machine without GPUs prefix it with ``DS_ACCELERATOR=cpu``. ``--model tiny`
 ~0.2M-parameter model for fast tests; ``--model small`` (default) has ~12.6M parameters.
 From Python, ``train(ds_config_dict, model="tiny")`` trains in each rank of a launched job.
 """
+
 import argparse
 import math
 
@@ -78,23 +79,32 @@ class SyntheticTokens(Dataset):
         return (start + (stride % 7 + 1) * torch.arange(self.seq_len)) % self.vocab
 
 
-def train(ds_config: dict | None = None, *, model: str = "small", steps: int = 200, log_every: int = 10,
-          args: argparse.Namespace | None = None) -> None:
+def train(
+    ds_config: dict | None = None,
+    *,
+    model: str = "small",
+    steps: int = 200,
+    log_every: int = 10,
+    args: argparse.Namespace | None = None,
+) -> None:
     """Train the model; the ds_config comes as a dict, or from ``args.deepspeed_config``."""
     torch.manual_seed(0)
     vocab, d_model, layers, heads, seq_len = MODELS[model]
     net = GPT(vocab, d_model, layers, heads, seq_len)
-    engine, _, _, _ = deepspeed.initialize(args=args if ds_config is None else None, model=net,
-                                           model_parameters=net.parameters(), config=ds_config)
+    engine, _, _, _ = deepspeed.initialize(
+        args=args if ds_config is None else None, model=net, model_parameters=net.parameters(), config=ds_config
+    )
 
     data = SyntheticTokens(vocab, seq_len)
     sampler = DistributedSampler(data, num_replicas=engine.world_size, rank=engine.global_rank)
     loader = DataLoader(data, batch_size=engine.train_micro_batch_size_per_gpu(), sampler=sampler)
     params = sum(p.numel() for p in net.parameters())
     if engine.global_rank == 0:
-        print(f"model={model} params={params / 1e6:.2f}M micro_batch={engine.train_micro_batch_size_per_gpu()} "
-              f"grad_accum={engine.gradient_accumulation_steps()} zero_stage={engine.zero_optimization_stage()}",
-              flush=True)
+        print(
+            f"model={model} params={params / 1e6:.2f}M micro_batch={engine.train_micro_batch_size_per_gpu()} "
+            f"grad_accum={engine.gradient_accumulation_steps()} zero_stage={engine.zero_optimization_stage()}",
+            flush=True,
+        )
 
     step, micro = 0, 0
     gas = engine.gradient_accumulation_steps()

@@ -12,6 +12,7 @@ extra (transformers, accelerate).
 zerotune sees TrainingArguments and sets each trial's micro-batch and accumulation through
 --per_device_train_batch_size and --gradient_accumulation_steps.
 """
+
 from dataclasses import dataclass, field
 
 import torch
@@ -45,8 +46,13 @@ class GeneratedTokens(torch.utils.data.Dataset):
 
 def main() -> None:
     model_args, training_args = HfArgumentParser((ModelArguments, TrainingArguments)).parse_args_into_dataclasses()
-    config = GPT2Config(n_layer=model_args.n_layer, n_embd=model_args.n_embd, n_head=model_args.n_head,
-                        vocab_size=model_args.vocab_size, n_positions=model_args.seq_len)
+    config = GPT2Config(
+        n_layer=model_args.n_layer,
+        n_embd=model_args.n_embd,
+        n_head=model_args.n_head,
+        vocab_size=model_args.vocab_size,
+        n_positions=model_args.seq_len,
+    )
     torch.manual_seed(training_args.seed)
     model = GPT2LMHeadModel(config)
     data = GeneratedTokens(model_args.num_samples, model_args.seq_len, model_args.vocab_size)

@@ -7,6 +7,7 @@ batch-size x devices) and caches the result; later runs train with it at once. O
 without GPUs it trains on CPU (DeepSpeed's CPU accelerator, gloo). The micro-batch is the
 DataModule's ``batch_size`` attribute, where Lightning's BatchSizeFinder also looks for it.
 """
+
 import argparse
 import os
 import sys
@@ -60,10 +61,18 @@ def main():
     args = parser.parse_args()
     accelerator = "gpu" if torch.cuda.is_available() else "cpu"
     stage = {} if args.stage is None else {"stage": args.stage}
-    strategy = zerotune.lightning.AutotuneDeepSpeedStrategy(autotune=not args.no_tune, retune=args.retune,
-                                                            cache_dir=args.cache_dir, **stage)
-    trainer = L.Trainer(accelerator=accelerator, devices=args.devices, strategy=strategy, max_steps=args.max_steps,
-                        logger=False, enable_checkpointing=False, log_every_n_steps=10)
+    strategy = zerotune.lightning.AutotuneDeepSpeedStrategy(
+        autotune=not args.no_tune, retune=args.retune, cache_dir=args.cache_dir, **stage
+    )
+    trainer = L.Trainer(
+        accelerator=accelerator,
+        devices=args.devices,
+        strategy=strategy,
+        max_steps=args.max_steps,
+        logger=False,
+        enable_checkpointing=False,
+        log_every_n_steps=10,
+    )
     trainer.fit(GPTModule(args.model), TokenData(args.model, args.batch_size))
     if trainer.global_rank == 0:
         result = strategy.tuning_result  # the trials behind the config (None when not tuned)

@@ -40,11 +40,16 @@ def script(tmp_path):
 def make_config(tmp_path):
     def make(autotuning=None, **top):
         cfg = {"optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": "all"}, **top}
-        cfg["autotuning"] = {"max_train_batch_size": 64, "min_train_micro_batch_size_per_gpu": 1,
-                             "max_train_micro_batch_size_per_gpu": 32, **(autotuning or {})}
+        cfg["autotuning"] = {
+            "max_train_batch_size": 64,
+            "min_train_micro_batch_size_per_gpu": 1,
+            "max_train_micro_batch_size_per_gpu": 32,
+            **(autotuning or {}),
+        }
         path = tmp_path / "ds.json"
         path.write_text(json.dumps(cfg))
         return path
+
     return make
 
 
@@ -62,9 +67,16 @@ def tuner_factory(tmp_path, script, make_config, gpu_node):
         launcher = launcher or FakeLauncher(machine or FakeMachine())
         events = []
         kw.setdefault("results_dir", tmp_path / "results")
-        tuner = Autotuner([str(script), "--deepspeed_config", str(cfg)], num_gpus=2, memory_per_device=memory,
-                          launcher=launcher, node=kw.pop("node", gpu_node),
-                          on_event=events.append, **kw)
+        tuner = Autotuner(
+            [str(script), "--deepspeed_config", str(cfg)],
+            num_gpus=2,
+            memory_per_device=memory,
+            launcher=launcher,
+            node=kw.pop("node", gpu_node),
+            on_event=events.append,
+            **kw,
+        )
         tuner.events = events
         return tuner
+
     return make

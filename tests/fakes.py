@@ -1,4 +1,5 @@
 """A fake launcher: trials are answered from a synthetic machine instead of real processes."""
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,7 @@ where memory headroom is weighed against speed (see ranking.headroom_matters).""
 class FakeMachine:
     """peak(stage, mb) = static[stage] + per_sample * mb; step time from a throughput curve."""
 
-    static: dict[int, int] = field(default_factory=lambda: {0: 4000 * MIB, 1: 3000 * MIB, 2: 2500 * MIB,
-                                                            3: 2000 * MIB})
+    static: dict[int, int] = field(default_factory=lambda: {0: 4000 * MIB, 1: 3000 * MIB, 2: 2500 * MIB, 3: 2000 * MIB})
     per_sample: int = 100 * MIB
     speed: dict[int, float] = field(default_factory=lambda: {0: 1.0, 1: 1.1, 2: 1.05, 3: 0.8})
     rel_ci: float = 0.01
@@ -64,9 +64,23 @@ class FakeMachine:
         from zerotune.memory import model_states
         from zerotune.memory_terms import MemorySetup
 
-        static = {s: overhead + int(model_states(MemorySetup(
-            num_params=num_params, dp=dp, stage=s, reduce_bucket_size=5e8, allgather_bucket_size=5e8,
-            overlap_comm=s == 3, prefetch_bucket_size=5e7))) for s in range(4)}
+        static = {
+            s: overhead
+            + int(
+                model_states(
+                    MemorySetup(
+                        num_params=num_params,
+                        dp=dp,
+                        stage=s,
+                        reduce_bucket_size=5e8,
+                        allgather_bucket_size=5e8,
+                        overlap_comm=s == 3,
+                        prefetch_bucket_size=5e7,
+                    )
+                )
+            )
+            for s in range(4)
+        }
         return cls(static=static, num_params=num_params, **kw)
 
     def peak(self, spec: TrialSpec) -> int:
@@ -75,8 +89,9 @@ class FakeMachine:
             static = int(static * self.offload_keeps)
         bucket = dict(spec.overrides).get("zero_optimization.reduce_bucket_size", 0)
         static += self.lazy.get(spec.stage, 0)
-        return static + self.per_sample * spec.micro_batch + int(self.reduce_bucket_bytes * min(bucket,
-                                                                                                  self.num_params))
+        return (
+            static + self.per_sample * spec.micro_batch + int(self.reduce_bucket_bytes * min(bucket, self.num_params))
+        )
 
     def throughput(self, spec: TrialSpec) -> float:
         if spec.name in self.figures:
@@ -100,9 +115,15 @@ class FakeLauncher(Launcher):
         self.jobs.append(job)
         m, spec = self.machine, job.spec
         peak = m.peak(spec)
-        base = dict(spec=spec, peak_memory=[peak, peak], static_memory=[m.static[spec.stage]] * 2,
-                    memory_kind="fake", num_params=m.num_params, budget=job.budget,
-                    wall_time=m.trial_seconds)
+        base = dict(
+            spec=spec,
+            peak_memory=[peak, peak],
+            static_memory=[m.static[spec.stage]] * 2,
+            memory_kind="fake",
+            num_params=m.num_params,
+            budget=job.budget,
+            wall_time=m.trial_seconds,
+        )
         if spec.name in m.crash:
             return TrialResult(state=TrialState.CRASHED, reason="RuntimeError: boom", **base)
         if spec.stage in m.hang:
@@ -112,10 +133,16 @@ class FakeLauncher(Launcher):
         samples = spec.micro_batch * spec.grad_accum * (job.num_gpus)
         step = samples / m.throughput(spec)
         rel_ci = m.figures[spec.name][1] if spec.name in m.figures else m.rel_ci_of.get(spec.stage, m.rel_ci)
-        meas = Measurement(samples_per_step=samples, step_time_mean=step, step_time_std=step * rel_ci,
-                           step_time_ci95=step * rel_ci, steps_measured=10, stable=spec.stage not in m.capped,
-                           left_out=m.left_out.get(spec.name, []),
-                           left_out_median=step if spec.name in m.left_out else None)
+        meas = Measurement(
+            samples_per_step=samples,
+            step_time_mean=step,
+            step_time_std=step * rel_ci,
+            step_time_ci95=step * rel_ci,
+            steps_measured=10,
+            stable=spec.stage not in m.capped,
+            left_out=m.left_out.get(spec.name, []),
+            left_out_median=step if spec.name in m.left_out else None,
+        )
         if job.settle:
             meas = measured_until_settled(meas, job.settle)
         elif m.stops_early and job.to_beat:
@@ -145,8 +172,17 @@ def stopped_early(meas: Measurement, to_beat: dict) -> Measurement:
     if not slower_beyond((per_sample, se, 1.0), (lead, lead * to_beat.get("rel_se", 0.0), lead_df)):
         return meas
     ci = se * t95_df(1) * meas.samples_per_step
-    return replace(meas, steps_measured=2, stable=False, step_time_ci95=ci, step_time_std=ci / t95_df(1) * math.sqrt(2),
-                   step_time_df=1.0, early_stop=True, lost_to=to_beat["value"], lost_to_metric=to_beat["metric"])
+    return replace(
+        meas,
+        steps_measured=2,
+        stable=False,
+        step_time_ci95=ci,
+        step_time_std=ci / t95_df(1) * math.sqrt(2),
+        step_time_df=1.0,
+        early_stop=True,
+        lost_to=to_beat["value"],
+        lost_to_metric=to_beat["metric"],
+    )
 
 
 def measured_until_settled(meas: Measurement, settle: dict, cap: int = 40) -> Measurement:

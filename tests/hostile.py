@@ -5,6 +5,7 @@ launcher replaced by the fake one, so nothing trains). A case passes when the CL
 status (0, or 2 with one message), never a traceback, and nothing outside the results folder
 changed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fakes import FakeLauncher  # noqa: E402
 
 SCRIPT = "import argparse\np = argparse.ArgumentParser()\np.add_argument('--local_rank')\n"
-CONFIG = {"zero_optimization": {"stage": [0, 1]}, "optimizer": {"type": "AdamW", "params": {"betas": [0.9, 0.99]}},
-          "autotuning": {"max_train_batch_size": 8, "max_train_micro_batch_size_per_gpu": 4}}
+CONFIG = {
+    "zero_optimization": {"stage": [0, 1]},
+    "optimizer": {"type": "AdamW", "params": {"betas": [0.9, 0.99]}},
+    "autotuning": {"max_train_batch_size": 8, "max_train_micro_batch_size_per_gpu": 4},
+}
 
 
 @dataclass
@@ -82,8 +86,21 @@ def tuned_folder(box: Path) -> Path:
     (box / "train.py").write_text(SCRIPT)
     (box / "ds.json").write_text(json.dumps(CONFIG))
     results = box / "results"
-    outcome = run_cli(["tune", "--quiet", "--num-gpus", "2", "--results-dir", str(results), "train.py",
-                       "--deepspeed_config", "ds.json"], box, results)
+    outcome = run_cli(
+        [
+            "tune",
+            "--quiet",
+            "--num-gpus",
+            "2",
+            "--results-dir",
+            str(results),
+            "train.py",
+            "--deepspeed_config",
+            "ds.json",
+        ],
+        box,
+        results,
+    )
     assert outcome.code == 0, outcome.err + outcome.traceback
     return results
 
@@ -98,6 +115,7 @@ def damages(results: Path) -> list[tuple[str, callable]]:
                 path.write_bytes(text)
             else:
                 path.write_text(text)
+
         return go
 
     session = results / "tuning.json"
@@ -126,25 +144,32 @@ def damages(results: Path) -> list[tuple[str, callable]]:
         ("truncated result.json", put(trial / "result.json", (trial / "result.json").read_text()[:30])),
         ("list result.json", put(trial / "result.json", "[]")),
         ("null result", put(trial / "result.json", json.dumps({**result, "result": None}))),
-        ("zero step time", with_result(measurement={**(result["result"]["measurement"] or {}),
-                                                    "step_time_mean": 0})),
-        ("absurd interval", with_result(measurement={**(result["result"]["measurement"] or {}),
-                                                     "step_time_ci95": 1e300})),
+        ("zero step time", with_result(measurement={**(result["result"]["measurement"] or {}), "step_time_mean": 0})),
+        (
+            "absurd interval",
+            with_result(measurement={**(result["result"]["measurement"] or {}), "step_time_ci95": 1e300}),
+        ),
         ("string stage", with_result(spec={**result["result"]["spec"], "stage": "2"})),
         ("unknown state", with_result(state="great")),
         ("corrupt best ds_config", put(results / (data.get("best") or trial.name) / "ds_config.json", "{oops")),
         ("best_config a list", put(session, json.dumps({**data, "best_config": [1]}))),
         ("report is a link out", lambda: (results / "report").symlink_to(results.parent / "elsewhere")),
-        ("report png is a link out", lambda: ((results / "report").mkdir(exist_ok=True),
-                                             (results / "report" / "memory.png").symlink_to(
-                                                 results.parent / "png_target"))),
+        (
+            "report png is a link out",
+            lambda: (
+                (results / "report").mkdir(exist_ok=True),
+                (results / "report" / "memory.png").symlink_to(results.parent / "png_target"),
+            ),
+        ),
         ("control characters in a reason", with_result(reason="\x1b[31mred\x1b]0;title\x07\x00", state="crashed")),
         ("steps not a count", with_result(measurement={**measurement, "steps_measured": "x"})),
         ("FLOPs not a number", with_result(measurement={**measurement, "flops_per_step": "x"})),
         ("absurd step spread", with_result(measurement={**measurement, "step_time_std": 1e308})),
         ("left-out steps not times", with_result(measurement={**measurement, "left_out": ["x", -1]})),
-        ("left-out median not a time", with_result(measurement={**measurement, "left_out": [2.0],
-                                                                "left_out_median": "slow"})),
+        (
+            "left-out median not a time",
+            with_result(measurement={**measurement, "left_out": [2.0], "left_out_median": "slow"}),
+        ),
         # A confirmation's re-measurements (tuning.json), combined for the best line on show.
         ("re-measurement without a step count", remeasured(steps_measured=None)),
         ("absurd re-measurement", remeasured(step_time_std=1e308, step_time_mean=1e308)),

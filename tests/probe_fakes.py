@@ -1,4 +1,5 @@
 """Fakes for driving the in-process probe without DeepSpeed: an engine, a clock, steps."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -46,10 +47,21 @@ def make_probe_factory(tmp_path, monkeypatch):
         monkeypatch.setattr(_hooks.time, "perf_counter", lambda: next(ticks))
         pages = iter(faults if faults is not None else [])
         monkeypatch.setattr(_hooks, "minor_faults", lambda: next(pages, 0))
-        spec = {"out_dir": str(tmp_path), "warmup_steps": 2, "min_steps": 3, "max_steps": 50, "max_warmup": 10, "max_seconds": 1e9,
-                "rel_ci": 0.03, "budget": None, "expect": {"stage": 2, "micro_batch": 4, "grad_accum": 1},
-                "profile_flops": False, **spec}
+        spec = {
+            "out_dir": str(tmp_path),
+            "warmup_steps": 2,
+            "min_steps": 3,
+            "max_steps": 50,
+            "max_warmup": 10,
+            "max_seconds": 1e9,
+            "rel_ci": 0.03,
+            "budget": None,
+            "expect": {"stage": 2, "micro_batch": 4, "grad_accum": 1},
+            "profile_flops": False,
+            **spec,
+        }
         return _hooks.StepProbe(spec, rank=0, history=history)
+
     return make
 
 

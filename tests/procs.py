@@ -1,4 +1,5 @@
 """Process and shared-memory checks for tests and benchmarks that run real trials."""
+
 import os
 import subprocess
 import sys
@@ -31,12 +32,25 @@ def sleeper(results, tuner_pid, *, setsid=False, cwd=None):
     from zerotune.launch._leftovers import trial_env_marks
 
     marks = trial_env_marks(Path(cwd or ".") / results)
-    env = {**os.environ, **marks, "ZEROTUNE_TUNER_PID": tuner_pid,
-           "ZEROTUNE_PROBE": str(Path(results) / "_warm" / "slot0-1" / "serve.json")}  # relative, as warm ranks'
+    env = {
+        **os.environ,
+        **marks,
+        "ZEROTUNE_TUNER_PID": tuner_pid,
+        "ZEROTUNE_PROBE": str(Path(results) / "_warm" / "slot0-1" / "serve.json"),
+    }  # relative, as warm ranks'
     ready = Path(marks["ZEROTUNE_RESULTS"]).parent / f"ready.{tuner_pid}.{time.monotonic_ns()}"
-    proc = subprocess.Popen([sys.executable, "-c", "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, "
-                             "signal.SIG_IGN); pathlib.Path(sys.argv[1]).touch(); time.sleep(600)", str(ready)],
-                            env=env, cwd=cwd, start_new_session=setsid)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, "
+            "signal.SIG_IGN); pathlib.Path(sys.argv[1]).touch(); time.sleep(600)",
+            str(ready),
+        ],
+        env=env,
+        cwd=cwd,
+        start_new_session=setsid,
+    )
     deadline = time.monotonic() + 120
     while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)  # waiting on the file, however slow the machine

@@ -1,5 +1,6 @@
 """Accelerate scripts (fake launcher): the `accelerate launch` command split, the Accelerate
 config read and normalized, trials started by Accelerate's launcher, outputs in Accelerate's form."""
+
 import json
 import shlex
 
@@ -13,30 +14,52 @@ from zerotune._errors import ConfigError  # noqa: E402
 from zerotune.accelerate_job import AccelerateLaunch, AccelerateTarget, ds_config_of  # noqa: E402
 from zerotune.launch._process import ranks_argv  # noqa: E402
 
-SCRIPT = '''import argparse
+SCRIPT = """import argparse
 p = argparse.ArgumentParser()
 p.add_argument("--per_device_train_batch_size", type=int, default=8)
 p.add_argument("--gradient_accumulation_steps", type=int, default=1)
-'''
+"""
 
 
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text(SCRIPT)
-    (tmp_path / "ds.json").write_text(json.dumps({
-        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-        "zero_optimization": {"stage": [1, 2]}}))
-    acc = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "mixed_precision": "no",
-           "deepspeed_config": {"deepspeed_config_file": "ds.json", "zero3_init_flag": False},
-           "num_machines": 1, "num_processes": 2, "machine_rank": 0}
+    (tmp_path / "ds.json").write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+                "zero_optimization": {"stage": [1, 2]},
+            }
+        )
+    )
+    acc = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "mixed_precision": "no",
+        "deepspeed_config": {"deepspeed_config_file": "ds.json", "zero3_init_flag": False},
+        "num_machines": 1,
+        "num_processes": 2,
+        "machine_rank": 0,
+    }
     (tmp_path / "acc.yaml").write_text(yaml.safe_dump(acc))
     return tmp_path
 
 
 def command(*extra):
-    return ["accelerate", "launch", "--config_file", "acc.yaml", *extra, "train.py",
-            "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2"]
+    return [
+        "accelerate",
+        "launch",
+        "--config_file",
+        "acc.yaml",
+        *extra,
+        "train.py",
+        "--per_device_train_batch_size",
+        "8",
+        "--gradient_accumulation_steps",
+        "2",
+    ]
 
 
 def test_the_command_is_split_at_the_script():
@@ -51,8 +74,7 @@ def test_the_command_is_split_at_the_script():
 
 def test_tuned_through_accelerate_launch_and_written_in_its_form(project, gpu_node):
     launcher = FakeLauncher()
-    tuner = Autotuner(command(), memory_per_device="6GiB", results_dir=project / "r", launcher=launcher,
-                      node=gpu_node)
+    tuner = Autotuner(command(), memory_per_device="6GiB", results_dir=project / "r", launcher=launcher, node=gpu_node)
     assert isinstance(tuner.target, AccelerateTarget) and tuner.num_gpus == 2  # num_processes of the config
     assert tuner.request.global_batch == 8 * 2 * 2
     result = tuner.tune()
@@ -76,14 +98,24 @@ def test_tuned_through_accelerate_launch_and_written_in_its_form(project, gpu_no
     words = shlex.split((root / "cmd_optimal.txt").read_text())
     assert words[:4] == ["accelerate", "launch", "--config_file", str(root / "accelerate_config_optimal.yaml")]
     assert words[words.index("--per_device_train_batch_size") + 1] == str(result.best.spec.micro_batch)
-    assert json.loads((root / "ds_config_optimal.json").read_text())["zero_optimization"]["stage"] == \
-        result.best.spec.stage
+    assert (
+        json.loads((root / "ds_config_optimal.json").read_text())["zero_optimization"]["stage"]
+        == result.best.spec.stage
+    )
 
 
 def test_inline_deepspeed_keys_become_a_ds_config(project):
-    data = {"distributed_type": "DEEPSPEED", "mixed_precision": "bf16",
-            "deepspeed_config": {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "none",
-                                 "gradient_accumulation_steps": 4, "gradient_clipping": 1.0}}
+    data = {
+        "distributed_type": "DEEPSPEED",
+        "mixed_precision": "bf16",
+        "deepspeed_config": {
+            "zero_stage": 3,
+            "offload_optimizer_device": "cpu",
+            "offload_param_device": "none",
+            "gradient_accumulation_steps": 4,
+            "gradient_clipping": 1.0,
+        },
+    }
     cfg = ds_config_of(project / "acc.yaml", data, AccelerateLaunch.split(command()))
     assert cfg["zero_optimization"] == {"stage": 3, "offload_optimizer": {"device": "cpu"}}
     assert cfg["gradient_accumulation_steps"] == 4 and cfg["gradient_clipping"] == 1.0
@@ -92,29 +124,37 @@ def test_inline_deepspeed_keys_become_a_ds_config(project):
 
 def deepspeed_yaml(processes, plugin):
     """An edit that writes a DeepSpeed Accelerate config with these values, as YAML gives them."""
-    return lambda p: (p / "acc.yaml").write_text(f"distributed_type: DEEPSPEED\nnum_processes: {processes}\n"
-                                                 f"deepspeed_config: {plugin}\n")
+    return lambda p: (p / "acc.yaml").write_text(
+        f"distributed_type: DEEPSPEED\nnum_processes: {processes}\ndeepspeed_config: {plugin}\n"
+    )
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda p: (p / "acc.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n"), "does not use DeepSpeed"),
-    (lambda p: (p / "acc.yaml").write_text("a: [1\n"), "not valid YAML"),
-    (lambda p: (p / "acc.yaml").write_text("- 1\n"), "must be a mapping"),
-    (lambda p: (p / "ds.json").unlink(), "does not exist here"),
-    (lambda p: (p / "acc.yaml").unlink(), "does not exist"),
-    (lambda p: (p / "train.py").write_text("import argparse\n"), "arg_mappings"),
-    (deepspeed_yaml("two", "{deepspeed_config_file: ds.json}"), "num_processes"),
-    (deepspeed_yaml(2, "{zero_stage: 7}"), "not a ZeRO stage"),
-    (deepspeed_yaml(2, "{zero_stage: 2, gradient_clipping: lots}"), "gradient_clipping"),
-    (deepspeed_yaml("true", "{deepspeed_config_file: ds.json}"), "num_processes"),
-    (deepspeed_yaml(999999999, "{deepspeed_config_file: ds.json}"), "num_processes"),
-    (deepspeed_yaml(2, "{zero_stage: 2, gradient_clipping: .nan}"), "gradient_clipping"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda p: (p / "acc.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n"),
+            "does not use DeepSpeed",
+        ),
+        (lambda p: (p / "acc.yaml").write_text("a: [1\n"), "not valid YAML"),
+        (lambda p: (p / "acc.yaml").write_text("- 1\n"), "must be a mapping"),
+        (lambda p: (p / "ds.json").unlink(), "does not exist here"),
+        (lambda p: (p / "acc.yaml").unlink(), "does not exist"),
+        (lambda p: (p / "train.py").write_text("import argparse\n"), "arg_mappings"),
+        (deepspeed_yaml("two", "{deepspeed_config_file: ds.json}"), "num_processes"),
+        (deepspeed_yaml(2, "{zero_stage: 7}"), "not a ZeRO stage"),
+        (deepspeed_yaml(2, "{zero_stage: 2, gradient_clipping: lots}"), "gradient_clipping"),
+        (deepspeed_yaml("true", "{deepspeed_config_file: ds.json}"), "num_processes"),
+        (deepspeed_yaml(999999999, "{deepspeed_config_file: ds.json}"), "num_processes"),
+        (deepspeed_yaml(2, "{zero_stage: 2, gradient_clipping: .nan}"), "gradient_clipping"),
+    ],
+)
 def test_bad_accelerate_input_is_one_clear_error(project, gpu_node, edit, message):
     edit(project)
     with pytest.raises(ConfigError, match=message):
-        Autotuner(command(), memory_per_device="6GiB", results_dir=project / "r", launcher=FakeLauncher(),
-                  node=gpu_node)
+        Autotuner(
+            command(), memory_per_device="6GiB", results_dir=project / "r", launcher=FakeLauncher(), node=gpu_node
+        )
 
 
 def test_processes_must_agree(project, gpu_node):
@@ -126,8 +166,9 @@ def test_processes_must_agree(project, gpu_node):
 
 def test_identity_follows_the_launch_config_not_the_ds_config_path(project, gpu_node):
     def identity():
-        return Autotuner(command(), memory_per_device="6GiB", results_dir=project / "r", launcher=FakeLauncher(),
-                         node=gpu_node).target.identity()
+        return Autotuner(
+            command(), memory_per_device="6GiB", results_dir=project / "r", launcher=FakeLauncher(), node=gpu_node
+        ).target.identity()
 
     first = identity()
     data = yaml.safe_load((project / "acc.yaml").read_text())
@@ -141,17 +182,23 @@ def test_identity_follows_the_launch_config_not_the_ds_config_path(project, gpu_
 
 
 def test_an_inline_deepspeed_plugin_is_tuned_and_written_as_a_file(project, gpu_node):
-    acc = {"distributed_type": "DEEPSPEED", "mixed_precision": "bf16", "num_processes": 2, "num_machines": 1,
-           "deepspeed_config": {"zero_stage": 2, "gradient_accumulation_steps": 2, "zero3_init_flag": False}}
+    acc = {
+        "distributed_type": "DEEPSPEED",
+        "mixed_precision": "bf16",
+        "num_processes": 2,
+        "num_machines": 1,
+        "deepspeed_config": {"zero_stage": 2, "gradient_accumulation_steps": 2, "zero3_init_flag": False},
+    }
     (project / "acc.yaml").write_text(yaml.safe_dump(acc))
     launcher = FakeLauncher()
-    Autotuner(command(), memory_per_device="6GiB", results_dir=project / "r", launcher=launcher,
-              node=gpu_node).tune()
+    Autotuner(command(), memory_per_device="6GiB", results_dir=project / "r", launcher=launcher, node=gpu_node).tune()
     assert launcher.jobs and {job.spec.stage for job in launcher.jobs} == {2}  # the stage the config gives
     assert all(job.config["bf16"] == {"enabled": True} for job in launcher.jobs)
     launch = yaml.safe_load((project / "r" / "_accelerate" / "launch.yaml").read_text())
-    assert launch["deepspeed_config"] == {"zero3_init_flag": False,
-                                          "deepspeed_config_file": launch["deepspeed_config"]["deepspeed_config_file"]}
+    assert launch["deepspeed_config"] == {
+        "zero3_init_flag": False,
+        "deepspeed_config_file": launch["deepspeed_config"]["deepspeed_config_file"],
+    }
     assert "mixed_precision" not in launch  # Accelerate refuses both beside a ds_config file
     optimal = yaml.safe_load((project / "r" / "accelerate_config_optimal.yaml").read_text())
     assert optimal["deepspeed_config"]["deepspeed_config_file"].endswith("ds_config_optimal.json")

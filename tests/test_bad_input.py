@@ -1,5 +1,6 @@
 """Bad input to `zerotune tune` and `estimate`: one message naming the problem and the fix, exit
 status 2, never a traceback, nothing written outside the results folder."""
+
 import json
 import os
 import subprocess
@@ -20,14 +21,16 @@ def box(tmp_path):
 
 
 def tune(box, *command, options=()):
-    return run_cli(["tune", "--quiet", "--num-gpus", "2", "--results-dir", "results", *options, *command],
-                   box, box / "results")
+    return run_cli(
+        ["tune", "--quiet", "--num-gpus", "2", "--results-dir", "results", *options, *command], box, box / "results"
+    )
 
 
 def refused(outcome, *words):
     assert not outcome.traceback, outcome.traceback
-    assert outcome.code == 2 and outcome.err.startswith("zerotune: error:") and outcome.err.count("\n") == 1, \
+    assert outcome.code == 2 and outcome.err.startswith("zerotune: error:") and outcome.err.count("\n") == 1, (
         outcome.err
+    )
     assert not outcome.escaped, outcome.escaped
     for word in words:
         assert word in outcome.err, outcome.err
@@ -35,8 +38,12 @@ def refused(outcome, *words):
 
 def test_the_config_option_given_twice_is_refused(box):
     (box / "b.json").write_text(json.dumps(CONFIG))
-    refused(tune(box, "train.py", "--deepspeed_config", "ds.json", "--deepspeed_config=b.json"),
-            "given 2 times", "ds.json", "b.json")
+    refused(
+        tune(box, "train.py", "--deepspeed_config", "ds.json", "--deepspeed_config=b.json"),
+        "given 2 times",
+        "ds.json",
+        "b.json",
+    )
 
 
 def test_duplicate_keys_are_refused_as_deepspeed_refuses_them(box):
@@ -46,16 +53,23 @@ def test_duplicate_keys_are_refused_as_deepspeed_refuses_them(box):
 
 def test_comments_are_read_as_deepspeed_reads_them(box):
     text = json.dumps(CONFIG, indent=1)
-    (box / "ds.json").write_text("// tuned nightly\n" + text.replace('"zero_optimization"', '# stages\n"zero_optimization"'))
+    (box / "ds.json").write_text(
+        "// tuned nightly\n" + text.replace('"zero_optimization"', '# stages\n"zero_optimization"')
+    )
     out = tune(box, "train.py", "--deepspeed_config", "ds.json")
     assert out.code == 0, out.err + out.traceback
 
 
 def test_batch_values_that_disagree_are_refused(box):
-    (box / "ds.json").write_text(json.dumps({"train_batch_size": 64, "gradient_accumulation_steps": 3,
-                                             "train_micro_batch_size_per_gpu": 4}))
-    refused(tune(box, "train.py", "--deepspeed_config", "ds.json"), "train_batch_size 64", "(24)",
-            "which DeepSpeed requires")
+    (box / "ds.json").write_text(
+        json.dumps({"train_batch_size": 64, "gradient_accumulation_steps": 3, "train_micro_batch_size_per_gpu": 4})
+    )
+    refused(
+        tune(box, "train.py", "--deepspeed_config", "ds.json"),
+        "train_batch_size 64",
+        "(24)",
+        "which DeepSpeed requires",
+    )
 
 
 @pytest.mark.parametrize("what", ["script", "ds_config"])
@@ -63,21 +77,39 @@ def test_a_folder_or_a_pipe_is_named_as_such(box, what):
     (box / "folder.py").mkdir()
     os.mkfifo(box / "pipe.py")
     for path, words in (("folder.py", "is a folder"), ("pipe.py", "not a regular file")):
-        command = [path, "--deepspeed_config", "ds.json"] if what == "script" \
-            else ["train.py", "--deepspeed_config", path]
+        command = (
+            [path, "--deepspeed_config", "ds.json"] if what == "script" else ["train.py", "--deepspeed_config", path]
+        )
         refused(tune(box, *command), words)
 
 
 def test_a_double_dash_before_the_script_is_read_as_the_end_of_options(box):
-    out = run_cli(["tune", "--quiet", "--num-gpus", "2", "--results-dir", "results", "--", "train.py",
-                   "--deepspeed_config", "ds.json"], box, box / "results")
+    out = run_cli(
+        [
+            "tune",
+            "--quiet",
+            "--num-gpus",
+            "2",
+            "--results-dir",
+            "results",
+            "--",
+            "train.py",
+            "--deepspeed_config",
+            "ds.json",
+        ],
+        box,
+        box / "results",
+    )
     assert out.code == 0, out.err + out.traceback
 
 
 def test_a_home_folder_in_the_results_folder_is_expanded(box, monkeypatch):
     monkeypatch.setenv("HOME", str(box / "home"))
-    out = run_cli(["tune", "--quiet", "--num-gpus", "2", "--results-dir", "~/runs", "train.py",
-                   "--deepspeed_config", "ds.json"], box, box / "home" / "runs")
+    out = run_cli(
+        ["tune", "--quiet", "--num-gpus", "2", "--results-dir", "~/runs", "train.py", "--deepspeed_config", "ds.json"],
+        box,
+        box / "home" / "runs",
+    )
     assert out.code == 0, out.err + out.traceback
     assert (box / "home" / "runs" / "tuning.json").exists() and not (box / "~").exists()
 
@@ -113,8 +145,10 @@ def test_a_deep_python_dict_is_a_config_error():
 
 
 PROBE_SCRIPTS = {
-    "exit_message": ("import sys\nsys.exit('custom failure message')\n",
-                     "exited with status 1 and the message 'custom failure message'"),
+    "exit_message": (
+        "import sys\nsys.exit('custom failure message')\n",
+        "exited with status 1 and the message 'custom failure message'",
+    ),
     "no_engine": ("print('no training here')\n", "without calling deepspeed.initialize"),
 }
 
@@ -126,10 +160,24 @@ def test_how_a_script_ended_is_said_as_it_happened(tmp_path, case):
     script.write_text(source)
     out = tmp_path / "trial"
     out.mkdir()
-    spec = {"mode": "measure", "script": str(script), "args": [], "local_rank_arg": False, "out_dir": str(out),
-            "results_dir": str(tmp_path), "budget": None, "warmup_steps": 1, "adaptive_warmup": False,
-            "min_steps": 3, "max_steps": 10, "max_seconds": 5.0, "rel_ci": 0.03, "to_beat": None, "settle": None,
-            "expect": {"stage": 0, "micro_batch": 1, "grad_accum": 1}}
+    spec = {
+        "mode": "measure",
+        "script": str(script),
+        "args": [],
+        "local_rank_arg": False,
+        "out_dir": str(out),
+        "results_dir": str(tmp_path),
+        "budget": None,
+        "warmup_steps": 1,
+        "adaptive_warmup": False,
+        "min_steps": 3,
+        "max_steps": 10,
+        "max_seconds": 5.0,
+        "rel_ci": 0.03,
+        "to_beat": None,
+        "settle": None,
+        "expect": {"stage": 0, "micro_batch": 1, "grad_accum": 1},
+    }
     (out / "probe.json").write_text(json.dumps(spec))
     env = {**os.environ, "ZEROTUNE_PROBE": str(out / "probe.json"), "DS_ACCELERATOR": "cpu"}
     subprocess.run([sys.executable, "-m", "zerotune.probe"], env=env, timeout=300, capture_output=True)

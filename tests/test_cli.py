@@ -1,4 +1,5 @@
 """Bad input: one clear message, exit status 2, no traceback."""
+
 import json
 import os
 import subprocess
@@ -10,8 +11,14 @@ ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}
 
 
 def zerotune(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "zerotune.cli", *map(str, args)], capture_output=True, text=True,
-                          env=ENV, cwd=cwd, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "zerotune.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=cwd,
+        timeout=60,
+    )
 
 
 def write(path, data):
@@ -19,15 +26,20 @@ def write(path, data):
     return path
 
 
-@pytest.mark.parametrize("config, message", [
-    ('{"autotuning": {"fast": true,,}}', "not valid JSON"),  # one trailing comma DeepSpeed's reader allows
-    ({"autotuning": {"metrik": "latency"}}, "autotuning.metrik: unknown key; did you mean 'metric'"),
-    ({"zero_optimization": {"stage": 5}}, "zero_optimization.stage: 5 is not a ZeRO stage"),
-    ({"autotuning": {"min_train_micro_batch_size_per_gpu": 8, "max_train_micro_batch_size_per_gpu": 2}},
-     "is above max_train_micro_batch_size_per_gpu"),
-    ({"autotuning": {"max_train_batch_size": 7}}, "cannot be split over 2 data-parallel processes"),
-    ({"train_micro_batch_size_per_gpu": "big"}, "train_micro_batch_size_per_gpu"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ('{"autotuning": {"fast": true,,}}', "not valid JSON"),  # one trailing comma DeepSpeed's reader allows
+        ({"autotuning": {"metrik": "latency"}}, "autotuning.metrik: unknown key; did you mean 'metric'"),
+        ({"zero_optimization": {"stage": 5}}, "zero_optimization.stage: 5 is not a ZeRO stage"),
+        (
+            {"autotuning": {"min_train_micro_batch_size_per_gpu": 8, "max_train_micro_batch_size_per_gpu": 2}},
+            "is above max_train_micro_batch_size_per_gpu",
+        ),
+        ({"autotuning": {"max_train_batch_size": 7}}, "cannot be split over 2 data-parallel processes"),
+        ({"train_micro_batch_size_per_gpu": "big"}, "train_micro_batch_size_per_gpu"),
+    ],
+)
 def test_bad_config(tmp_path, script, config, message):
     cfg = write(tmp_path / "ds.json", config)
     out = zerotune("tune", "--num-gpus", 2, script, "--deepspeed_config", cfg)
@@ -62,8 +74,14 @@ def test_report_and_show_read_a_tuning_without_rerunning_it(tmp_path, make_confi
     from zerotune import Autotuner
 
     res = tmp_path / "results"
-    tuner = Autotuner([str(script), "--deepspeed_config", str(make_config())], num_gpus=2, memory_per_device="5GiB",
-                      launcher=FakeLauncher(), node=gpu_node, results_dir=res)
+    tuner = Autotuner(
+        [str(script), "--deepspeed_config", str(make_config())],
+        num_gpus=2,
+        memory_per_device="5GiB",
+        launcher=FakeLauncher(),
+        node=gpu_node,
+        results_dir=res,
+    )
     result = tuner.tune()
     out = zerotune("report", res)
     assert out.returncode == 0 and out.stdout.strip() == str(res / "report.html")
@@ -120,8 +138,13 @@ def test_a_nul_byte_in_an_argument_is_one_clear_error(tmp_path, monkeypatch, cap
 
     monkeypatch.chdir(tmp_path)
     bad = "runs\0x"
-    argv = ["tune", *([where, bad] if where != "script" else []), bad if where == "script" else "train.py",
-            "--deepspeed_config", "ds.json"]
+    argv = [
+        "tune",
+        *([where, bad] if where != "script" else []),
+        bad if where == "script" else "train.py",
+        "--deepspeed_config",
+        "ds.json",
+    ]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "contains a NUL byte" in err and "Traceback" not in err

@@ -1,4 +1,5 @@
 """How a trial's leftovers are classified (no processes: files written by hand)."""
+
 import json
 
 import pytest
@@ -11,16 +12,42 @@ SPEC = TrialSpec(stage=2, micro_batch=8, grad_accum=1)
 
 
 def rank(d, r, state="ok", reason="", intervals=(0.5, 0.52, 0.49, 0.51, 0.5), peak=1000, **kw):
-    data = {"rank": r, "state": state, "reason": reason, "times": [0] * (len(intervals) + 3),
-            "intervals": list(intervals), "warmup_steps": 3, "samples_per_step": 16, "tokens_per_sample": 64,
-            "flops_per_step": None, "flops_note": "", "static_memory": 500, "peak_allocated": 900, "memory_kind": "cpu-rss",
-            "peak_memory": peak, "num_params": 123, "note": "", **kw}
+    data = {
+        "rank": r,
+        "state": state,
+        "reason": reason,
+        "times": [0] * (len(intervals) + 3),
+        "intervals": list(intervals),
+        "warmup_steps": 3,
+        "samples_per_step": 16,
+        "tokens_per_sample": 64,
+        "flops_per_step": None,
+        "flops_note": "",
+        "static_memory": 500,
+        "peak_allocated": 900,
+        "memory_kind": "cpu-rss",
+        "peak_memory": peak,
+        "num_params": 123,
+        "note": "",
+        **kw,
+    }
     (d / f"rank{r}.json").write_text(json.dumps(data))
 
 
 def run(d, returncode=0, timed_out=False, budget=None, oom_kills=None):
-    return collect(spec=SPEC, trial_dir=d, world=2, returncode=returncode, timed_out=timed_out, timeout=60,
-                   wall_time=1.0, budget=budget, min_steps=3, rel_ci=0.03, oom_kills=oom_kills)
+    return collect(
+        spec=SPEC,
+        trial_dir=d,
+        world=2,
+        returncode=returncode,
+        timed_out=timed_out,
+        timeout=60,
+        wall_time=1.0,
+        budget=budget,
+        min_steps=3,
+        rel_ci=0.03,
+        oom_kills=oom_kills,
+    )
 
 
 def test_ok_with_statistics(tmp_path):
@@ -206,8 +233,10 @@ def test_deepspeed_shm_buffers_of_the_trial_are_removed(tmp_path):
 def test_a_known_error_names_its_fix():
     from zerotune.launch._collect import known_fix
 
-    hf_cpu = ("rank 0: AssertionError: Check batch related parameters. train_batch_size is not equal to "
-              "micro_batch_per_gpu * gradient_acc_step * world_size 8 != 8 * 1 * 2")
+    hf_cpu = (
+        "rank 0: AssertionError: Check batch related parameters. train_batch_size is not equal to "
+        "micro_batch_per_gpu * gradient_acc_step * world_size 8 != 8 * 1 * 2"
+    )
     assert "leave train_batch_size out of the ds_config" in known_fix(hf_cpu)
     assert known_fix(known_fix(hf_cpu)) == known_fix(hf_cpu)
     assert known_fix("RuntimeError: boom") == "RuntimeError: boom"

@@ -8,12 +8,15 @@ def cmd(script, *args):
     return UserCommand.parse([str(script), *args])
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["--deepspeed_config", "a.json", "--n", "3"], ["--deepspeed_config", "NEW", "--n", "3"]),
-    (["--deepspeed_config=a.json"], ["--deepspeed_config=NEW"]),
-    (["--deepspeed", "a.json", "--lr", "1"], ["--deepspeed", "NEW", "--lr", "1"]),
-    (["--deepspeed", "--deepspeed_config", "a.json"], ["--deepspeed", "--deepspeed_config", "NEW"]),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--deepspeed_config", "a.json", "--n", "3"], ["--deepspeed_config", "NEW", "--n", "3"]),
+        (["--deepspeed_config=a.json"], ["--deepspeed_config=NEW"]),
+        (["--deepspeed", "a.json", "--lr", "1"], ["--deepspeed", "NEW", "--lr", "1"]),
+        (["--deepspeed", "--deepspeed_config", "a.json"], ["--deepspeed", "--deepspeed_config", "NEW"]),
+    ],
+)
 def test_config_path_is_replaced_and_the_rest_untouched(script, args, expected):
     assert cmd(script, *args).trial_args("NEW") == expected
 

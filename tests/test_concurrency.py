@@ -1,4 +1,5 @@
 """Concurrent trials on disjoint devices (fake launcher; slots planned as on a real node)."""
+
 import base64
 import json
 import threading
@@ -47,10 +48,16 @@ class SlowFake(FakeLauncher):
 
 
 def tuner_on(tuner_factory, gpus, **kw):
-    launcher = SlowFake(FakeMachine(speed={0: 1.0, 1: 0.6, 2: 1.2, 3: 0.4}),
-                        target=min(gpus // 2, kw.get("max_concurrent_trials") or gpus))
-    tuner = tuner_factory({"fast": False, "tuner_early_stopping": 50, "tuner_num_trials": 200},
-                          launcher=launcher, node=Node("cuda", gpus, 16 * GIB, 64 * GIB), **kw)
+    launcher = SlowFake(
+        FakeMachine(speed={0: 1.0, 1: 0.6, 2: 1.2, 3: 0.4}),
+        target=min(gpus // 2, kw.get("max_concurrent_trials") or gpus),
+    )
+    tuner = tuner_factory(
+        {"fast": False, "tuner_early_stopping": 50, "tuner_num_trials": 200},
+        launcher=launcher,
+        node=Node("cuda", gpus, 16 * GIB, 64 * GIB),
+        **kw,
+    )
     return tuner, launcher
 
 

@@ -19,14 +19,28 @@ def test_deepspeed_defaults():
 
 
 def test_every_deepspeed_key_is_accepted():
-    section = {"enabled": True, "fast": False, "results_dir": "r", "exps_dir": "e", "overwrite": True,
-               "metric": "latency", "metric_path": None, "start_profile_step": 2, "end_profile_step": 6,
-               "tuner_type": "model_based", "tuner_early_stopping": 3, "tuner_num_trials": 10,
-               "arg_mappings": {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size"},
-               "max_train_batch_size": 64, "min_train_micro_batch_size_per_gpu": 2,
-               "max_train_micro_batch_size_per_gpu": 16, "num_tuning_micro_batch_sizes": 4, "mp_size": 1,
-               "model_info": {"profile": False, "num_params": 1000, "hidden_size": 64, "num_layers": 2},
-               "model_info_path": None}
+    section = {
+        "enabled": True,
+        "fast": False,
+        "results_dir": "r",
+        "exps_dir": "e",
+        "overwrite": True,
+        "metric": "latency",
+        "metric_path": None,
+        "start_profile_step": 2,
+        "end_profile_step": 6,
+        "tuner_type": "model_based",
+        "tuner_early_stopping": 3,
+        "tuner_num_trials": 10,
+        "arg_mappings": {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size"},
+        "max_train_batch_size": 64,
+        "min_train_micro_batch_size_per_gpu": 2,
+        "max_train_micro_batch_size_per_gpu": 16,
+        "num_tuning_micro_batch_sizes": 4,
+        "mp_size": 1,
+        "model_info": {"profile": False, "num_params": 1000, "hidden_size": 64, "num_layers": 2},
+        "model_info_path": None,
+    }
     r = req({"autotuning": section})
     assert r.autotuning.tuner_type == "model_based" and r.global_batch == 64
 
@@ -38,8 +52,7 @@ def test_unknown_key_is_named_with_a_suggestion():
         req({"autotuning": {"model_info": {"hidden": 3}}})
 
 
-@pytest.mark.parametrize("stage, expected", [(None, [0, 1, 2, 3]), ("all", [0, 1, 2, 3]), (2, [2]),
-                                             ([3, 1], [1, 3])])
+@pytest.mark.parametrize("stage, expected", [(None, [0, 1, 2, 3]), ("all", [0, 1, 2, 3]), (2, [2]), ([3, 1], [1, 3])])
 def test_stage_forms(stage, expected):
     cfg = {"zero_optimization": {"stage": stage}} if stage is not None else {}
     assert req(cfg).stages == expected

@@ -1,5 +1,6 @@
 """A confirmed choice: the configurations within noise of the best are measured again,
 interleaved, and the choice is made on those figures."""
+
 from dataclasses import replace
 
 from fakes import TIGHT_MEMORY, DriftingLauncher, FakeMachine, confirms_of
@@ -17,8 +18,11 @@ def test_ties_are_measured_again_interleaved_and_the_choice_made_on_those(tuner_
     first = FakeMachine(speed={1: 1.01, 2: 1.0}, rel_ci=0.015)
     again = FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)
     launcher = DriftingLauncher(first, again)
-    tuner = tuner_factory(launcher=launcher, memory=TIGHT_MEMORY, config={"zero_optimization": {"stage": [1, 2]},
-                                                                   "train_micro_batch_size_per_gpu": 8})
+    tuner = tuner_factory(
+        launcher=launcher,
+        memory=TIGHT_MEMORY,
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+    )
     result = tuner.tune()
     confirms = [j for j in launcher.jobs if j.trial_dir.name.startswith("confirm")]
     names = [j.spec.name for j in confirms]
@@ -40,10 +44,12 @@ def test_ties_are_measured_again_interleaved_and_the_choice_made_on_those(tuner_
 def test_one_round_settles_it_where_each_re_measurement_agrees_with_its_trial(tuner_factory):
     # Tied in the trials (5% intervals); measured again tightly, stage 1 reads 2.5% faster, within
     # noise of its own trial: no sign the machine moved, and one round separates them.
-    launcher = DriftingLauncher(FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05),
-                                FakeMachine(speed={1: 1.045, 2: 1.0}, rel_ci=0.003))
-    tuner = tuner_factory(launcher=launcher, config={"zero_optimization": {"stage": [1, 2]},
-                                                     "train_micro_batch_size_per_gpu": 8})
+    launcher = DriftingLauncher(
+        FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05), FakeMachine(speed={1: 1.045, 2: 1.0}, rel_ci=0.003)
+    )
+    tuner = tuner_factory(
+        launcher=launcher, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+    )
     result = tuner.tune()
     note = next(n for n in result.notes if n.startswith("confirmed:"))
     assert len(confirms_of(tuner)) == 2 and "(A B)" in note and "differed from" not in note
@@ -58,8 +64,10 @@ def test_the_choice_is_shown_with_the_figures_it_was_made_on(tuner_factory):
 
     first = FakeMachine(speed={1: 1.01, 2: 1.0}, rel_ci=0.015)
     again = FakeMachine(speed={1: 1.3, 2: 1.05}, rel_ci=0.01)
-    tuner = tuner_factory(launcher=DriftingLauncher(first, again),
-                          config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
+    tuner = tuner_factory(
+        launcher=DriftingLauncher(first, again),
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+    )
     result = tuner.tune()
     loaded = load_results(tuner.results_dir)
     for res in (result, loaded):
@@ -78,10 +86,14 @@ def test_the_choice_is_shown_with_the_figures_it_was_made_on(tuner_factory):
 def confirm_jobs(tuner_factory, again_ci, again_speed):
     """Stages 1 and 2 tied in their trials, near the budget (headroom weighed); measured again
     at ``again_speed`` and ``again_ci``."""
-    launcher = DriftingLauncher(FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05),
-                                FakeMachine(speed={1: again_speed, 2: 1.0}, rel_ci=again_ci))
-    tuner = tuner_factory(launcher=launcher, memory=TIGHT_MEMORY, config={"zero_optimization": {"stage": [1, 2]},
-                                                                   "train_micro_batch_size_per_gpu": 8})
+    launcher = DriftingLauncher(
+        FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05), FakeMachine(speed={1: again_speed, 2: 1.0}, rel_ci=again_ci)
+    )
+    tuner = tuner_factory(
+        launcher=launcher,
+        memory=TIGHT_MEMORY,
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+    )
     result = tuner.tune()
     note = next(n for n in result.notes if n.startswith("confirmed:"))
     return [j.spec.name for j in launcher.jobs if j.trial_dir.name.startswith("confirm")], note, result
@@ -117,8 +129,10 @@ def test_a_headroom_pick_not_shown_within_the_margin_leaves_the_fastest_after_on
 
 
 def test_a_clear_winner_is_not_measured_again(tuner_factory):
-    tuner = tuner_factory(machine=FakeMachine(speed={1: 1.5, 2: 1.0}, rel_ci=0.01),
-                          config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
+    tuner = tuner_factory(
+        machine=FakeMachine(speed={1: 1.5, 2: 1.0}, rel_ci=0.01),
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+    )
     result = tuner.tune()
     assert not any(j.trial_dir.name.startswith("confirm") for j in tuner.launcher.jobs)
     assert result.cost.remeasured == 0 and not any(n.startswith("confirmed") for n in result.notes)
@@ -127,8 +141,10 @@ def test_a_clear_winner_is_not_measured_again(tuner_factory):
 def test_a_trial_stopped_early_is_not_measured_again(tuner_factory):
     # Stage 2 reads 10% behind stage 1 in two steps: within the two-sided noise of its wide
     # interval, but shown (one-sided, two-sample) unable to beat it, so not tied with it.
-    tuner = tuner_factory(machine=FakeMachine(speed={1: 1.0, 2: 0.9}, rel_ci=0.01, stops_early=True),
-                          config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
+    tuner = tuner_factory(
+        machine=FakeMachine(speed={1: 1.0, 2: 0.9}, rel_ci=0.01, stops_early=True),
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+    )
     result = tuner.tune()
     stopped = next(t for t in result.trials if t.spec.stage == 2)
     assert stopped.measurement.early_stop and stopped.measurement.steps_measured == 2
@@ -143,16 +159,26 @@ def test_a_trial_stopped_early_is_not_measured_again(tuner_factory):
 def test_a_failed_re_measurement_drops_that_candidate(tuner_factory):
     first = FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05)
     again = FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.01, crash={"z2_mb8_gas4"})
-    tuner = tuner_factory(launcher=DriftingLauncher(first, again),
-                          config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
+    tuner = tuner_factory(
+        launcher=DriftingLauncher(first, again),
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+    )
     result = tuner.tune()
     assert result.best.spec.stage == 1
     assert any("re-measuring failed for z2_mb8_gas4" in n for n in result.notes)
 
 
 def measured(step, ci, steps=5, df=None):
-    m = Measurement(samples_per_step=8, step_time_mean=step, step_time_std=ci, step_time_ci95=ci,
-                    steps_measured=steps, stable=True, timed_seconds=steps * step, step_time_df=df)
+    m = Measurement(
+        samples_per_step=8,
+        step_time_mean=step,
+        step_time_std=ci,
+        step_time_ci95=ci,
+        steps_measured=steps,
+        stable=True,
+        timed_seconds=steps * step,
+        step_time_df=df,
+    )
     return TrialResult(spec=TrialSpec(stage=0, micro_batch=8), state=TrialState.OK, measurement=m)
 
 
@@ -161,11 +187,12 @@ def test_combined_measurement_pools_the_rounds_degrees_of_freedom():
     # standard error of a mean of two and 8 degrees of freedom (t = 2.306), so its interval is
     # narrower than each round's over the square root of two.
     m = combined([measured(1.0, 0.04), measured(1.2, 0.04)])
-    se = 0.04 / 2.776 * 2 ** 0.5 / 2
+    se = 0.04 / 2.776 * 2**0.5 / 2
     assert abs(m.step_time_mean - 1.1) < 1e-12 and abs(m.step_time_ci95 - 2.306 * se) < 1e-9
-    assert m.step_time_df == 8 and m.step_time_ci95 < 0.04 / 2 ** 0.5
+    assert m.step_time_df == 8 and m.step_time_ci95 < 0.04 / 2**0.5
     assert m.steps_measured == 10 and abs(m.timed_seconds - 11.0) < 1e-12
     assert replace(m).samples_per_step == 8
+
     # Steps a round left out as disturbances stay named in the combined measurement.
     def disturbed(seconds, median):
         r = measured(1.0, 0.04)
@@ -218,9 +245,12 @@ def test_most_faster_is_a_one_sided_95_percent_bound():
 
 def test_a_rerun_that_resumes_reuses_the_re_measurements(tuner_factory):
     def make():
-        return tuner_factory(launcher=DriftingLauncher(FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05),
-                                                       FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)),
-                             config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
+        return tuner_factory(
+            launcher=DriftingLauncher(
+                FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05), FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)
+            ),
+            config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        )
 
     first = make()
     best = first.tune().best.name
@@ -243,10 +273,13 @@ class WarmLauncher(DriftingLauncher):
 
 
 def warm_tuner(tuner_factory, again_speed, again_ci, first_ci=0.05):
-    launcher = WarmLauncher(FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=first_ci),
-                            FakeMachine(speed={1: again_speed, 2: 1.0}, rel_ci=again_ci))
-    return tuner_factory(launcher=launcher, config={"zero_optimization": {"stage": [1, 2]},
-                                                    "train_micro_batch_size_per_gpu": 8})
+    launcher = WarmLauncher(
+        FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=first_ci),
+        FakeMachine(speed={1: again_speed, 2: 1.0}, rel_ci=again_ci),
+    )
+    return tuner_factory(
+        launcher=launcher, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+    )
 
 
 def test_the_trial_just_run_stands_as_its_first_round(tuner_factory):
@@ -297,10 +330,22 @@ def test_a_tie_is_settled_by_measuring_on_rather_than_by_a_second_round(tuner_fa
     assert spec["max_seconds"] == tuner.measure.max_seconds == 10.0 and spec["window_seconds"] == 5.0
     remeasured = result.confirmed["z1_mb8_gas4"]
     assert remeasured.measurement.steps_measured > 10  # past its window's steps
-    assert most_faster(trial, remeasured, "throughput") <= 0.03 < most_faster(
-        trial, replace(remeasured, measurement=replace(remeasured.measurement, steps_measured=10,
-                                                        step_time_ci95=remeasured.measurement.step_time_mean * 0.06)),
-        "throughput")
+    assert (
+        most_faster(trial, remeasured, "throughput")
+        <= 0.03
+        < most_faster(
+            trial,
+            replace(
+                remeasured,
+                measurement=replace(
+                    remeasured.measurement,
+                    steps_measured=10,
+                    step_time_ci95=remeasured.measurement.step_time_mean * 0.06,
+                ),
+            ),
+            "throughput",
+        )
+    )
     note = next(n for n in result.notes if n.startswith("confirmed:"))
     assert "(A B; A's first figure" in note and "no second round" in note
 
@@ -314,11 +359,13 @@ def test_a_trial_stopped_early_or_retired_is_measured_again():
     warm = replace(base, start="warm (trial 3 of its processes)")
     group = [warm]
     assert trial_first(["slot0"], SimpleNamespace(last_run=warm), group) == warm.name
-    for last in (replace(warm, retired="a leak"), base,  # retired; cold
-                 replace(warm, measurement=replace(warm.measurement, early_stop=True))):
+    for last in (
+        replace(warm, retired="a leak"),
+        base,  # retired; cold
+        replace(warm, measurement=replace(warm.measurement, early_stop=True)),
+    ):
         assert trial_first(["slot0"], SimpleNamespace(last_run=last), group) is None
     assert trial_first(["a", "b"], SimpleNamespace(last_run=warm), group) is None
-
 
 
 def test_a_rerun_whose_record_names_another_first_measures_again(tuner_factory):
@@ -334,8 +381,9 @@ def test_a_rerun_whose_record_names_another_first_measures_again(tuner_factory):
     result = again.tune()
     # No trial ran just before (all reused): both candidates are measured again, none stands in.
     assert sorted(j.spec.name for j in again.launcher.jobs) == ["z1_mb8_gas4", "z2_mb8_gas4"]
-    assert result.cost.remeasured == 2 and "first figure" not in next(n for n in result.notes
-                                                                       if n.startswith("confirmed:"))
+    assert result.cost.remeasured == 2 and "first figure" not in next(
+        n for n in result.notes if n.startswith("confirmed:")
+    )
 
 
 def test_a_re_measurement_measures_five_seconds_and_as_many_steps_as_a_trial(tuner_factory, tmp_path):
@@ -344,8 +392,11 @@ def test_a_re_measurement_measures_five_seconds_and_as_many_steps_as_a_trial(tun
     # freedom, a t quantile of 12.7); fast steps measure the five seconds.
     machine = FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05)
     launcher = DriftingLauncher(machine, machine)
-    tuner = tuner_factory(launcher=launcher, results_dir=tmp_path / "r",
-                          config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8})
+    tuner = tuner_factory(
+        launcher=launcher,
+        results_dir=tmp_path / "r",
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+    )
     tuner.tune()
     trials = [j for j in launcher.jobs if not j.trial_dir.name.startswith("confirm")]
     confirms = [j for j in launcher.jobs if j.trial_dir.name.startswith("confirm")]
@@ -380,8 +431,9 @@ def test_the_probe_s_pair_rule_is_the_confirmation_s_for_two_candidates():
 def three_candidates(tuner_factory, again):
     """Stages 0-2 tied in their trials (5% intervals); ``again`` measures them again."""
     launcher = DriftingLauncher(FakeMachine(speed={0: 0.97, 1: 1.02, 2: 1.0}, rel_ci=0.05), again)
-    tuner = tuner_factory(launcher=launcher, config={"zero_optimization": {"stage": [0, 1, 2]},
-                                                     "train_micro_batch_size_per_gpu": 8})
+    tuner = tuner_factory(
+        launcher=launcher, config={"zero_optimization": {"stage": [0, 1, 2]}, "train_micro_batch_size_per_gpu": 8}
+    )
     result = tuner.tune()
     note = next(n for n in result.notes if n.startswith("confirmed:"))
     return [(j.spec.stage, j.trial_dir.name) for j in confirms_of(tuner)], note, result, tuner
@@ -408,10 +460,12 @@ def test_a_drift_against_the_verdict_gets_no_second_round(tuner_factory):
     # Measured again tightly, stage 1 reads 6% below its trial and stage 2 15% below its own:
     # the machine moved, but stage 1 still leads, as it did in the trials, and stage 2, behind
     # it in the trials too, is clearly slower. Neither drift can have made the verdict: one round.
-    launcher = DriftingLauncher(FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05),
-                                FakeMachine(speed={1: 0.96, 2: 0.85}, rel_ci=0.005))
-    tuner = tuner_factory(launcher=launcher, config={"zero_optimization": {"stage": [1, 2]},
-                                                     "train_micro_batch_size_per_gpu": 8})
+    launcher = DriftingLauncher(
+        FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05), FakeMachine(speed={1: 0.96, 2: 0.85}, rel_ci=0.005)
+    )
+    tuner = tuner_factory(
+        launcher=launcher, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+    )
     result = tuner.tune()
     note = next(n for n in result.notes if n.startswith("confirmed:"))
     assert [j.trial_dir.name for j in confirms_of(tuner)] == ["confirm1"] * 2 and result.best.spec.stage == 1

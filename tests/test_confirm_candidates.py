@@ -1,5 +1,6 @@
 """Which configurations the confirmation measures again: a trial stopped early against a leader
 whose own figure never settled is measured again beside it."""
+
 from fakes import DriftingLauncher, FakeMachine, confirms_of
 from zerotune import load_results
 from zerotune.confirm_candidates import candidates
@@ -15,8 +16,7 @@ def noisy_lead(capped: set[int], again_speed: dict[int, float] | None = None) ->
     trial did; stage 2, measured tightly, is stopped early against it after two steps, its figure
     inside stage 1's interval. Measured again side by side, stage 2 is the
     faster (the machine was slower through its window), unless ``again_speed`` says otherwise."""
-    first = FakeMachine(speed={1: 1.1, 2: 1.0}, rel_ci=0.01, rel_ci_of={1: 0.11}, stops_early=True,
-                        capped=capped)
+    first = FakeMachine(speed={1: 1.1, 2: 1.0}, rel_ci=0.01, rel_ci_of={1: 0.11}, stops_early=True, capped=capped)
     return DriftingLauncher(first, FakeMachine(speed=again_speed or {1: 1.0, 2: 1.06}, rel_ci=0.01))
 
 
@@ -31,8 +31,10 @@ def test_a_loser_stopped_early_against_an_unsettled_lead_is_measured_again_besid
     assert [j.spec.name for j in confirms_of(tuner)] == ["z1_mb8_gas4", "z2_mb8_gas4"]
     assert result.best.spec.stage == 2
     note = next(n for n in result.notes if n.startswith("confirmed:"))
-    assert ("z2_mb8_gas4 joined: it was stopped early against z1_mb8_gas4's figure, which never settled "
-            "(±11% at its time cap)") in note
+    assert (
+        "z2_mb8_gas4 joined: it was stopped early against z1_mb8_gas4's figure, which never settled "
+        "(±11% at its time cap)"
+    ) in note
     assert "(the trials alone had chosen z1_mb8_gas4)" in note
     assert load_results(tuner.results_dir).best.spec.stage == 2
     # A rerun that resumes reuses the trials and the re-measurements: nothing measured again.
@@ -64,9 +66,17 @@ def test_a_loser_that_joined_can_lose_again(tuner_factory):
 def trial(stage: int, throughput: float, rel_ci: float, *, stable: bool = True, lost_to: float | None = None):
     """A trial of 8 samples a step at ``throughput``; stopped early after two steps where ``lost_to``."""
     step = 8 / throughput
-    m = Measurement(samples_per_step=8, step_time_mean=step, step_time_std=step * rel_ci,
-                    step_time_ci95=step * rel_ci, steps_measured=2 if lost_to else 5, stable=stable,
-                    early_stop=lost_to is not None, lost_to=lost_to, lost_to_metric="throughput" if lost_to else "")
+    m = Measurement(
+        samples_per_step=8,
+        step_time_mean=step,
+        step_time_std=step * rel_ci,
+        step_time_ci95=step * rel_ci,
+        steps_measured=2 if lost_to else 5,
+        stable=stable,
+        early_stop=lost_to is not None,
+        lost_to=lost_to,
+        lost_to_metric="throughput" if lost_to else "",
+    )
     return TrialResult(spec=TrialSpec(stage=stage, micro_batch=8), state=TrialState.OK, measurement=m)
 
 
@@ -106,8 +116,9 @@ def test_a_trial_ended_as_a_tie_is_confirmed_beside_the_pick(tuner_factory):
     # tie stop, see test_probe_ties.py): it is measured again beside stage 1, and the summary
     # says how its trial ended.
     first = FakeMachine(speed={1: 1.0, 2: 0.98}, rel_ci=0.01, rel_ci_of={1: 0.06}, capped={1}, tied={"z2_mb8_gas4"})
-    tuner = tuner_factory(launcher=DriftingLauncher(first, FakeMachine(speed={1: 1.0, 2: 1.05}, rel_ci=0.01)),
-                          config=STAGES)
+    tuner = tuner_factory(
+        launcher=DriftingLauncher(first, FakeMachine(speed={1: 1.0, 2: 1.05}, rel_ci=0.01)), config=STAGES
+    )
     result = tuner.tune()
     tie = next(t for t in result.trials if t.spec.stage == 2)
     assert tie.measurement.tied and tie.measurement.steps_measured == 3
@@ -124,24 +135,33 @@ def test_a_loser_stopped_against_a_figure_from_trials_before_joins_within_the_dr
     lead = trial(0, 40.1, 0.03)
     middle = [trial(1, 37.6, 0.05, lost_to=40.1), trial(2, 35.5, 0.2, lost_to=40.1)]
     pruned = TrialResult(spec=TrialSpec(stage=3, micro_batch=8), state=TrialState.PRUNED)
-    late = TrialResult(spec=TrialSpec(stage=0, micro_batch=16), state=TrialState.OK,
-                       measurement=trial(0, 37.5, 0.048, lost_to=40.1).measurement)
+    late = TrialResult(
+        spec=TrialSpec(stage=0, micro_batch=16),
+        state=TrialState.OK,
+        measurement=trial(0, 37.5, 0.048, lost_to=40.1).measurement,
+    )
     order = [lead, *middle, pruned, late]
     choice = choose_best(order, "throughput")
     assert choice.best is lead and not choice.ties
     got = candidates(choice, order, "throughput")
     assert got.group == [lead, late] and got.doubted is late and got.against is lead
-    assert got.note() == ("z0_mb16_gas1 joined: it was stopped early against z0_mb8_gas1's figure, measured 2 "
-                          "trial(s) before it (the machine's drift over that time is in neither interval), "
-                          "and it is within 7% of z0_mb8_gas1's")
+    assert got.note() == (
+        "z0_mb16_gas1 joined: it was stopped early against z0_mb8_gas1's figure, measured 2 "
+        "trial(s) before it (the machine's drift over that time is in neither interval), "
+        "and it is within 7% of z0_mb8_gas1's"
+    )
     # Right after the leader (the pruned trial never ran), the early stop stands.
-    assert candidates(choose_best([lead, pruned, late], "throughput"), [lead, pruned, late],
-                      "throughput").group == [lead]
+    assert candidates(choose_best([lead, pruned, late], "throughput"), [lead, pruned, late], "throughput").group == [
+        lead
+    ]
     # Further behind than the drift allowance, it stays out: here stage 2 (11% behind) and a
     # micro-batch 16 at 9.2% (run 34c-1's stage 2, measured again 10.3% slower); stage 1, 6.2%
     # behind with two trials before it, joins.
-    far = TrialResult(spec=TrialSpec(stage=0, micro_batch=16), state=TrialState.OK,
-                      measurement=trial(0, 36.4, 0.048, lost_to=40.1).measurement)
+    far = TrialResult(
+        spec=TrialSpec(stage=0, micro_batch=16),
+        state=TrialState.OK,
+        measurement=trial(0, 36.4, 0.048, lost_to=40.1).measurement,
+    )
     order = [lead, middle[1], far, middle[0]]
     assert candidates(choose_best(order, "throughput"), order, "throughput").group == [lead, middle[0]]
     order = [lead, middle[1], far]
@@ -154,18 +174,25 @@ def test_a_loser_stopped_against_a_tie_joins_only_where_it_could_still_be_the_ch
     again 10% slower than it: it stays out now. Within the drift allowance of the pick, or inside
     its interval, it joins as before."""
     tie = trial(0, 29.8, 0.052, stable=False)
-    pick = TrialResult(spec=TrialSpec(stage=0, micro_batch=16), state=TrialState.OK,
-                       measurement=trial(0, 31.2, 0.032).measurement)
-    far = TrialResult(spec=TrialSpec(stage=0, micro_batch=32), state=TrialState.OK,
-                      measurement=trial(0, 28.3, 0.007, lost_to=29.8).measurement)
+    pick = TrialResult(
+        spec=TrialSpec(stage=0, micro_batch=16), state=TrialState.OK, measurement=trial(0, 31.2, 0.032).measurement
+    )
+    far = TrialResult(
+        spec=TrialSpec(stage=0, micro_batch=32),
+        state=TrialState.OK,
+        measurement=trial(0, 28.3, 0.007, lost_to=29.8).measurement,
+    )
     order = [tie, far, pick]
     choice = choose_best(order, "throughput")
     assert choice.best is pick and choice.ties == [tie]
     got = candidates(choice, order, "throughput")
     assert got.group == [pick, tie] and got.doubted is None and got.note() == ""
     # 5.8% behind the pick (within the 7% drift allowance): it joins, stopped against the tie.
-    near = TrialResult(spec=TrialSpec(stage=0, micro_batch=32), state=TrialState.OK,
-                       measurement=trial(0, 29.4, 0.007, lost_to=29.8).measurement)
+    near = TrialResult(
+        spec=TrialSpec(stage=0, micro_batch=32),
+        state=TrialState.OK,
+        measurement=trial(0, 29.4, 0.007, lost_to=29.8).measurement,
+    )
     order = [tie, near, pick]
     got = candidates(choose_best(order, "throughput"), order, "throughput")
     assert got.group == [pick, tie, near] and got.doubted is near and got.against is tie

@@ -1,4 +1,5 @@
 """What a tuning cost, where the time went, and when the choice pays it back."""
+
 import io
 import json
 
@@ -10,15 +11,29 @@ from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
 
 
 def trial(stage, mb, step, wall, timed, samples=64):
-    m = Measurement(samples_per_step=samples, step_time_mean=step, step_time_std=0.0, step_time_ci95=0.0,
-                    steps_measured=10, stable=True, timed_seconds=timed)
-    return TrialResult(spec=TrialSpec(stage=stage, micro_batch=mb, grad_accum=64 // (mb * 2)), state=TrialState.OK,
-                       measurement=m, wall_time=wall)
+    m = Measurement(
+        samples_per_step=samples,
+        step_time_mean=step,
+        step_time_std=0.0,
+        step_time_ci95=0.0,
+        steps_measured=10,
+        stable=True,
+        timed_seconds=timed,
+    )
+    return TrialResult(
+        spec=TrialSpec(stage=stage, micro_batch=mb, grad_accum=64 // (mb * 2)),
+        state=TrialState.OK,
+        measurement=m,
+        wall_time=wall,
+    )
 
 
 def test_time_splits_into_measuring_and_overhead():
-    trials = [trial(0, 8, 1.0, 30.0, 8.0), trial(1, 8, 0.5, 25.0, 5.0),
-              TrialResult(spec=TrialSpec(stage=2, micro_batch=8), state=TrialState.PRUNED)]
+    trials = [
+        trial(0, 8, 1.0, 30.0, 8.0),
+        trial(1, 8, 0.5, 25.0, 5.0),
+        TrialResult(spec=TrialSpec(stage=2, micro_batch=8), state=TrialState.PRUNED),
+    ]
     cost = tuning_cost(trials, trials[1], None, 60.0)
     assert (cost.trial_time, cost.measuring, cost.overhead, cost.trials) == (55.0, 13.0, 42.0, 2)
     assert "42 s launch, start-up, warm-up and teardown (76%)" in cost.lines()[0]
@@ -35,8 +50,12 @@ def test_payback_against_the_users_own_config():
 
 def test_the_summary_and_json_say_what_the_tuning_cost(tuner_factory, tmp_path):
     machine = FakeMachine(knob_speed={("zero_optimization.overlap_comm", True): 1.5})
-    tuner = tuner_factory(memory="16GiB", machine=machine, autotuning={"fast": False},
-                          config={"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8})
+    tuner = tuner_factory(
+        memory="16GiB",
+        machine=machine,
+        autotuning={"fast": False},
+        config={"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8},
+    )
     assert tuner.trials.own_spec == TrialSpec(stage=2, micro_batch=8, grad_accum=4)
     result = tuner.tune()
     assert dict(result.best.spec.overrides).get("zero_optimization.overlap_comm") is True
@@ -59,8 +78,9 @@ def test_the_cost_says_how_many_trials_ran_warm_and_why_others_ran_cold():
     line = next(x for x in cost.lines() if x.startswith("processes:"))
     assert "1 of 3 run(s) were warm" in line and "2 launch(es)" in line and "--cold-trials" in line
     assert f"retired after {b.name}: the trial ended oom" in line
-    assert not any(x.startswith("processes:") for x in tuning_cost([trial(0, 8, 1.0, 30.0, 8.0)], None, None,
-                                                                    1.0).lines())  # older results: unknown
+    assert not any(
+        x.startswith("processes:") for x in tuning_cost([trial(0, 8, 1.0, 30.0, 8.0)], None, None, 1.0).lines()
+    )  # older results: unknown
 
 
 def test_a_rerun_that_resumes_counts_the_time_of_what_it_reused(tuner_factory, tmp_path):

@@ -1,4 +1,5 @@
 """DeepSpeed's question about the CPU, asked once per host and tuning (zerotune.cpu_info)."""
+
 from __future__ import annotations
 
 import importlib
@@ -52,8 +53,15 @@ def test_a_rank_reads_the_answer_of_its_host(fake_cpuinfo, tmp_path):
     assert fake_cpuinfo.asked == 0
 
 
-@pytest.mark.parametrize("text", ["{not json", "[1, 2]", json.dumps({"host": "elsewhere", "info": INFO}),
-                                  json.dumps({"host": socket.gethostname(), "info": "flags"})])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        "[1, 2]",
+        json.dumps({"host": "elsewhere", "info": INFO}),
+        json.dumps({"host": socket.gethostname(), "info": "flags"}),
+    ],
+)
 def test_another_hosts_or_a_damaged_answer_is_not_used(fake_cpuinfo, tmp_path, text):
     path = tmp_path / cpu_info.FILE
     path.write_text(text)
@@ -68,11 +76,7 @@ def importable_cpuinfo(monkeypatch, tmp_path):
     package = tmp_path / "site" / "cpuinfo"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("from cpuinfo.cpuinfo import *\n")
-    (package / "cpuinfo.py").write_text(
-        "asked = []\n"
-        "def get_cpu_info():\n"
-        "    asked.append(1)\n"
-        f"    return {INFO!r}\n")
+    (package / "cpuinfo.py").write_text(f"asked = []\ndef get_cpu_info():\n    asked.append(1)\n    return {INFO!r}\n")
     monkeypatch.syspath_prepend(str(package.parent))
     monkeypatch.delitem(sys.modules, "cpuinfo", raising=False)
     monkeypatch.delitem(sys.modules, "cpuinfo.cpuinfo", raising=False)
@@ -163,11 +167,25 @@ def test_the_launcher_asks_once_per_results_folder_and_tells_the_ranks_where(tmp
     monkeypatch.setattr(cpu_info, "_ask", lambda: asked.append(1) or INFO)
     launcher = LocalLauncher(device="cpu")
     envs = []
-    for results, name in ((tmp_path / "a", "z0_mb2_gas1"), (tmp_path / "a", "z1_mb2_gas1"), (tmp_path / "b", "z0_mb2_gas1")):
+    for results, name in (
+        (tmp_path / "a", "z0_mb2_gas1"),
+        (tmp_path / "a", "z1_mb2_gas1"),
+        (tmp_path / "b", "z0_mb2_gas1"),
+    ):
         (results / name).mkdir(parents=True)
-        job = TrialJob(spec=TrialSpec(stage=0, micro_batch=2), trial_dir=results / name, script="train.py",
-                       script_args=[], local_rank_arg=False, num_gpus=2, budget=None, warmup_steps=1, min_steps=3,
-                       measure=MeasureSettings(trial_timeout=60, stall_timeout=30), work_dir=results)
+        job = TrialJob(
+            spec=TrialSpec(stage=0, micro_batch=2),
+            trial_dir=results / name,
+            script="train.py",
+            script_args=[],
+            local_rank_arg=False,
+            num_gpus=2,
+            budget=None,
+            warmup_steps=1,
+            min_steps=3,
+            measure=MeasureSettings(trial_timeout=60, stall_timeout=30),
+            work_dir=results,
+        )
         envs.append(launcher.prepare(job)[1][cpu_info.ENV])
     launcher.close()
     assert envs == [str((tmp_path / d / cpu_info.FILE).resolve()) for d in "aab"]

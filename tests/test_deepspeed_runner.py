@@ -1,14 +1,34 @@
 """Whether DeepSpeed's runner hands a script's arguments through: the quick answer from its
 option names agrees with its own parser wherever it answers."""
+
 import pytest
 
 from zerotune.deepspeed_runner import _parsed_untouched, may_be_taken, runner_accepts, runner_options
 
 ARGS = [
     ["--model", "small", "--deepspeed_config", "ds.json"],
-    ["--n", "3"], ["--num", "2"], ["--nu=2"], ["--no"], ["-i", "x"], ["-ix"], ["-H=f"], ["-q"], ["--h"],
-    ["--", "x"], ["-1", "-0.5"], ["--lr", "-3"], ["-", "x"], ["--quiet_mode"], ["--master"], ["--mast=1"],
-    ["--local_rank=0"], ["--deepspeed"], ["--batch-size", "8"], ["-m", "gpt"], ["--log", "x"], ["x", "--help"],
+    ["--n", "3"],
+    ["--num", "2"],
+    ["--nu=2"],
+    ["--no"],
+    ["-i", "x"],
+    ["-ix"],
+    ["-H=f"],
+    ["-q"],
+    ["--h"],
+    ["--", "x"],
+    ["-1", "-0.5"],
+    ["--lr", "-3"],
+    ["-", "x"],
+    ["--quiet_mode"],
+    ["--master"],
+    ["--mast=1"],
+    ["--local_rank=0"],
+    ["--deepspeed"],
+    ["--batch-size", "8"],
+    ["-m", "gpt"],
+    ["--log", "x"],
+    ["x", "--help"],
 ]
 
 

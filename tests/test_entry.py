@@ -1,4 +1,5 @@
 """In-Python entry points: what trial processes can import, and what they cannot."""
+
 import json
 import subprocess
 import sys
@@ -39,13 +40,16 @@ def test_file_target_loads_without_running_the_main_guard(tmp_path):
 
 
 def test_entry_script_calls_the_function_with_the_config(tmp_path):
-    (tmp_path / "jobmod.py").write_text(
-        "import json, sys\ndef train(cfg):\n    print(json.dumps(cfg))\n")
+    (tmp_path / "jobmod.py").write_text("import json, sys\ndef train(cfg):\n    print(json.dumps(cfg))\n")
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4}))
     cmd = UserCommand(zerotune.entry.__file__, ("jobmod:train", "--path", str(tmp_path)))
-    out = subprocess.run([sys.executable, cmd.script, *cmd.trial_args(str(cfg)), "--local_rank=1"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, cmd.script, *cmd.trial_args(str(cfg)), "--local_rank=1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(out.stdout) == {"train_micro_batch_size_per_gpu": 4}
 
 
@@ -53,9 +57,15 @@ def test_autotuner_accepts_a_function(tmp_path, gpu_node):
     from fakes import FakeLauncher
 
     launcher = FakeLauncher()
-    tuner = Autotuner(top_level, {"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 4},
-                      num_gpus=2, memory_per_device="8GiB", results_dir=tmp_path / "r", launcher=launcher,
-                      node=gpu_node)
+    tuner = Autotuner(
+        top_level,
+        {"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 4},
+        num_gpus=2,
+        memory_per_device="8GiB",
+        results_dir=tmp_path / "r",
+        launcher=launcher,
+        node=gpu_node,
+    )
     result = tuner.tune()
     job = launcher.jobs[0]
     assert job.script.endswith("entry.py") and job.script_args[0] == f"{__name__}:top_level"

@@ -1,4 +1,5 @@
 """`zerotune estimate`: model sizes from a count, a config.json or a factory; the table; bad input."""
+
 import json
 
 import pytest
@@ -28,8 +29,9 @@ def test_hf_config_and_activations_give_micro_batches(tmp_path, capsys):
     cfg.write_text(json.dumps({"n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257, "n_positions": 1024}))
     size = from_hf_config(cfg)
     assert 120e6 < size.num_params < 130e6  # GPT-2 small: 124M
-    out = run_json(capsys, "--hf-config", str(cfg), "--num-gpus", "2", "--device-memory", "24GB",
-                   "--global-batch", "64")
+    out = run_json(
+        capsys, "--hf-config", str(cfg), "--num-gpus", "2", "--device-memory", "24GB", "--global-batch", "64"
+    )
     fits = {(r["stage"], r["offload_optimizer"]): r["largest_micro_batch"] for r in out["rows"]}
     assert all(isinstance(v, int) and 32 % v == 0 for v in fits.values())  # divisors of 64 / 2
 
@@ -38,7 +40,8 @@ def test_factory_on_the_meta_device(tmp_path):
     (tmp_path / "mymodel.py").write_text(
         "import torch\n"
         "def build():\n"
-        "    return torch.nn.Sequential(torch.nn.Embedding(1000, 64), torch.nn.Linear(64, 64))\n")
+        "    return torch.nn.Sequential(torch.nn.Embedding(1000, 64), torch.nn.Linear(64, 64))\n"
+    )
     size = from_factory(f"{tmp_path / 'mymodel.py'}:build")
     assert size.num_params == 1000 * 64 + 64 * 64 + 64 and size.largest_layer == 64000
 
@@ -49,18 +52,21 @@ def test_table_prints(capsys):
     assert "optimizer+params" in out and "0.35B parameters, 2 devices" in out and "activations unknown" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--params", "-5"], "cannot read"),
-    (["--params", "1.3Q"], "cannot read"),
-    (["--params", "1e20"], "plausible"),
-    (["--params", "1B", "--device-memory", "12XB"], "--device-memory"),
-    (["--params", "1B", "--num-gpus", "0"], "--num-gpus"),
-    (["--params", "1B", "--largest-layer", "2B"], "largest-layer"),
-    (["--params", "1B", "--global-batch", "7"], "multiple"),
-    (["--factory", "no_such_module_xyz:build"], "cannot be imported"),
-    (["--factory", "nocolon"], "module:function"),
-    (["--hf-config", "/nonexistent/config.json"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--params", "-5"], "cannot read"),
+        (["--params", "1.3Q"], "cannot read"),
+        (["--params", "1e20"], "plausible"),
+        (["--params", "1B", "--device-memory", "12XB"], "--device-memory"),
+        (["--params", "1B", "--num-gpus", "0"], "--num-gpus"),
+        (["--params", "1B", "--largest-layer", "2B"], "largest-layer"),
+        (["--params", "1B", "--global-batch", "7"], "multiple"),
+        (["--factory", "no_such_module_xyz:build"], "cannot be imported"),
+        (["--factory", "nocolon"], "module:function"),
+        (["--hf-config", "/nonexistent/config.json"], "does not exist"),
+    ],
+)
 def test_bad_input_is_one_clear_error(capsys, argv, message):
     assert main(["estimate", *argv]) == 2
     err = capsys.readouterr().err

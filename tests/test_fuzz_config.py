@@ -1,5 +1,6 @@
 """Property-based: every malformed ds_config or autotuning section gives a ZerotuneError with a
 message, never a traceback of another kind."""
+
 import json
 
 from hypothesis import HealthCheck, given, settings
@@ -11,24 +12,49 @@ from zerotune.memory_terms import MemorySetup
 from zerotune.space import Space, stage_dimensions, trial_config
 from zerotune.trial import TrialSpec
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
-                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
-                    st.sampled_from(["all", "auto", "cpu", "nvme", "none", 0, 1, 2, 3, 5e8, -1, 1e30]))
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=6), inner, max_size=4)),
-                      max_leaves=12)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**12), 10**12),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=8),
+    st.sampled_from(["all", "auto", "cpu", "nvme", "none", 0, 1, 2, 3, 5e8, -1, 1e30]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+    max_leaves=12,
+)
 AUTOTUNING_KEYS = list(AutotuningConfig.model_fields) + ["unknown_key"]
-ZERO_KEYS = ["stage", "reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "offload_optimizer",
-             "offload_param", "stage3_prefetch_bucket_size", "contiguous_gradients", "sub_group_size"]
-TOP_KEYS = ["train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps", "bf16", "fp16",
-            "optimizer"]
+ZERO_KEYS = [
+    "stage",
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "overlap_comm",
+    "offload_optimizer",
+    "offload_param",
+    "stage3_prefetch_bucket_size",
+    "contiguous_gradients",
+    "sub_group_size",
+]
+TOP_KEYS = [
+    "train_micro_batch_size_per_gpu",
+    "train_batch_size",
+    "gradient_accumulation_steps",
+    "bf16",
+    "fp16",
+    "optimizer",
+]
 
 autotuning = st.one_of(values, st.dictionaries(st.sampled_from(AUTOTUNING_KEYS), values, max_size=6))
 offload = st.one_of(values, st.fixed_dictionaries({"device": st.one_of(values, st.lists(scalars, max_size=3))}))
 zero = st.one_of(values, st.dictionaries(st.sampled_from(ZERO_KEYS), st.one_of(values, offload), max_size=5))
-ds_config = st.one_of(values, st.fixed_dictionaries({}, optional={
-    "autotuning": autotuning, "zero_optimization": zero,
-    **{k: values for k in TOP_KEYS}}))
+ds_config = st.one_of(
+    values,
+    st.fixed_dictionaries(
+        {}, optional={"autotuning": autotuning, "zero_optimization": zero, **{k: values for k in TOP_KEYS}}
+    ),
+)
 
 
 def tune_inputs(config, world):

@@ -1,4 +1,5 @@
 """Hostile and odd input: never a traceback, never a write outside the results folder."""
+
 import json
 import os
 import shutil
@@ -30,8 +31,12 @@ def check(outcome, *codes):
     assert outcome.code in (codes or (0, 2)), (outcome.code, outcome.err)
     if outcome.code == 2:  # one message: zerotune's, or argparse's usage line and its error
         last = outcome.err.strip().splitlines()[-1]
-        assert outcome.err.startswith("zerotune: error:") and outcome.err.count("\n") == 1 \
-            or last.startswith("zerotune") and ": error: argument" in last, outcome.err
+        assert (
+            outcome.err.startswith("zerotune: error:")
+            and outcome.err.count("\n") == 1
+            or last.startswith("zerotune")
+            and ": error: argument" in last
+        ), outcome.err
 
 
 DAMAGE_KINDS = 26
@@ -64,13 +69,20 @@ def test_load_results_raises_only_zerotune_errors(pristine, tmp_path):
             pass
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
-@given(which=st.sampled_from(["tuning.json", "result.json", "ds_config.json"]),
-       content=st.one_of(st.binary(max_size=200), st.recursive(
-           st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=20),
-           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
-           max_leaves=12).map(lambda v: json.dumps(v).encode())))
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    which=st.sampled_from(["tuning.json", "result.json", "ds_config.json"]),
+    content=st.one_of(
+        st.binary(max_size=200),
+        st.recursive(
+            st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=20),
+            lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+            max_leaves=12,
+        ).map(lambda v: json.dumps(v).encode()),
+    ),
+)
 def test_random_damage_never_crashes_show_or_report(pristine, tmp_path_factory, which, content):
     box, results = fresh(pristine, tmp_path_factory.mktemp("random"))
     targets = [p for p in results.rglob(which) if not p.is_symlink()]
@@ -79,16 +91,42 @@ def test_random_damage_never_crashes_show_or_report(pristine, tmp_path_factory, 
         check(run_cli([command, str(results)], box, results))
 
 
-VALUES = st.one_of(st.sampled_from(["nan", "inf", "-1", "0", "1e400", "1e11", "1000000000", "", "../x", "/proc/x",
-                                    "2", "abc", "\x1b[31m", "1.5"]), st.text(max_size=8))
+VALUES = st.one_of(
+    st.sampled_from(
+        ["nan", "inf", "-1", "0", "1e400", "1e11", "1000000000", "", "../x", "/proc/x", "2", "abc", "\x1b[31m", "1.5"]
+    ),
+    st.text(max_size=8),
+)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
-@given(options=st.lists(st.tuples(st.sampled_from(
-    ["--num-gpus", "--num-nodes", "--memory-per-device", "--time-budget", "--trial-timeout", "--stall-timeout",
-     "--precision", "--max-concurrent-trials", "--hostfile", "--include", "--tensorboard", "--results-dir"]),
-    VALUES), max_size=3, unique_by=lambda o: o[0]))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(
+    options=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    "--num-gpus",
+                    "--num-nodes",
+                    "--memory-per-device",
+                    "--time-budget",
+                    "--trial-timeout",
+                    "--stall-timeout",
+                    "--precision",
+                    "--max-concurrent-trials",
+                    "--hostfile",
+                    "--include",
+                    "--tensorboard",
+                    "--results-dir",
+                ]
+            ),
+            VALUES,
+        ),
+        max_size=3,
+        unique_by=lambda o: o[0],
+    )
+)
 def test_random_tune_arguments(pristine, tmp_path_factory, options):
     box, results = fresh(pristine, tmp_path_factory.mktemp("args"))
     argv = ["tune", "--quiet"]
@@ -97,8 +135,7 @@ def test_random_tune_arguments(pristine, tmp_path_factory, options):
     if "--results-dir" not in dict(options):
         argv += ["--results-dir", str(results)]
     else:  # a results folder of the user's choosing: it may be anywhere under the sandbox
-        results = box / dict(options)["--results-dir"] if not os.path.isabs(dict(options)["--results-dir"]) \
-            else results
+        results = box / dict(options)["--results-dir"] if not os.path.isabs(dict(options)["--results-dir"]) else results
     argv += ["train.py", "--deepspeed_config", "ds.json"]
     outcome = run_cli(argv, box, results)
     assert not outcome.traceback, outcome.traceback
@@ -106,9 +143,28 @@ def test_random_tune_arguments(pristine, tmp_path_factory, options):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(options=st.lists(st.tuples(st.sampled_from(
-    ["--params", "--num-gpus", "--num-nodes", "--device-memory", "--global-batch", "--seq-len", "--overhead",
-     "--activation-per-sample", "--largest-layer"]), VALUES), max_size=3, unique_by=lambda o: o[0]))
+@given(
+    options=st.lists(
+        st.tuples(
+            st.sampled_from(
+                [
+                    "--params",
+                    "--num-gpus",
+                    "--num-nodes",
+                    "--device-memory",
+                    "--global-batch",
+                    "--seq-len",
+                    "--overhead",
+                    "--activation-per-sample",
+                    "--largest-layer",
+                ]
+            ),
+            VALUES,
+        ),
+        max_size=3,
+        unique_by=lambda o: o[0],
+    )
+)
 def test_random_estimate_arguments(tmp_path_factory, options):
     box = tmp_path_factory.mktemp("estimate")
     argv = ["estimate"] + (["--params", "1B"] if "--params" not in dict(options) else [])
@@ -118,8 +174,15 @@ def test_random_estimate_arguments(tmp_path_factory, options):
     check(outcome)
 
 
-@pytest.mark.parametrize("hf", [b"[1, 2]", b"\xff\xfe", b'{"hidden_size": Infinity, "num_hidden_layers": 2}',
-                                b'{"hidden_size": 1e300, "num_hidden_layers": 1e300, "vocab_size": 1e300}'])
+@pytest.mark.parametrize(
+    "hf",
+    [
+        b"[1, 2]",
+        b"\xff\xfe",
+        b'{"hidden_size": Infinity, "num_hidden_layers": 2}',
+        b'{"hidden_size": 1e300, "num_hidden_layers": 1e300, "vocab_size": 1e300}',
+    ],
+)
 def test_estimate_with_a_hostile_hf_config(tmp_path, hf):
     (tmp_path / "config.json").write_bytes(hf)
     check(run_cli(["estimate", "--hf-config", str(tmp_path / "config.json")], tmp_path, tmp_path / "none"), 2)
@@ -143,11 +206,32 @@ def test_estimate_factory_that_exits(tmp_path):
 
 def test_tensorboard_into_proc_and_a_non_utf8_results_name(pristine, tmp_path):
     box, results = fresh(pristine, tmp_path)
-    check(run_cli(["tune", "--quiet", "--tensorboard", "/proc/x", "--results-dir", str(results), "train.py",
-                   "--deepspeed_config", "ds.json"], box, results))
+    check(
+        run_cli(
+            [
+                "tune",
+                "--quiet",
+                "--tensorboard",
+                "/proc/x",
+                "--results-dir",
+                str(results),
+                "train.py",
+                "--deepspeed_config",
+                "ds.json",
+            ],
+            box,
+            results,
+        )
+    )
     odd = os.fsdecode(os.fsencode(str(box)) + b"/r\xff")
-    check(run_cli(["tune", "--quiet", "--results-dir", odd, "train.py", "--deepspeed_config", "ds.json"], box,
-                  box / os.fsdecode(b"r\xff")), 0)
+    check(
+        run_cli(
+            ["tune", "--quiet", "--results-dir", odd, "train.py", "--deepspeed_config", "ds.json"],
+            box,
+            box / os.fsdecode(b"r\xff"),
+        ),
+        0,
+    )
 
 
 def test_a_read_only_results_folder_names_the_real_error(pristine, tmp_path, monkeypatch):
@@ -163,16 +247,32 @@ def test_a_read_only_results_folder_names_the_real_error(pristine, tmp_path, mon
         return real_write(self, *a, **kw)
 
     monkeypatch.setattr(Path, "write_text", read_only)
-    outcome = run_cli(["tune", "--quiet", "--results-dir", str(results), "--retry-failed", "train.py",
-                       "--deepspeed_config", "ds.json"], box, results)
+    outcome = run_cli(
+        [
+            "tune",
+            "--quiet",
+            "--results-dir",
+            str(results),
+            "--retry-failed",
+            "train.py",
+            "--deepspeed_config",
+            "ds.json",
+        ],
+        box,
+        results,
+    )
     check(outcome, 2)
     assert "Read-only file system" in outcome.err
 
 
 def test_show_on_an_ascii_only_terminal(pristine, tmp_path):
     box, results = fresh(pristine, tmp_path)
-    out = subprocess.run([sys.executable, "-m", "zerotune.cli", "show", str(results)], capture_output=True,
-                         env={**os.environ, "PYTHONIOENCODING": "ascii"}, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "zerotune.cli", "show", str(results)],
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+        timeout=60,
+    )
     assert out.returncode == 0 and b"Traceback" not in out.stderr, out.stderr
 
 

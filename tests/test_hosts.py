@@ -1,4 +1,5 @@
 """Multi-node placement: DeepSpeed's hostfile and filters, commands, checks before any trial."""
+
 import os
 import stat
 
@@ -21,12 +22,15 @@ def test_hostfile_in_deepspeeds_format(tmp_path):
     assert read_hostfile(hostfile(tmp_path)) == {"worker-0": 4, "worker-1": 4, "worker-2": 4}
 
 
-@pytest.mark.parametrize("text, message", [
-    ("worker-0 4\n", "is not 'hostname slots=N'"),
-    ("worker-0 slots=0\n", "with N from 1 to"),
-    ("a slots=2\na slots=2\n", "listed twice"),
-    ("# nothing\n", "lists no host"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("worker-0 4\n", "is not 'hostname slots=N'"),
+        ("worker-0 slots=0\n", "with N from 1 to"),
+        ("a slots=2\na slots=2\n", "listed twice"),
+        ("# nothing\n", "lists no host"),
+    ],
+)
 def test_bad_hostfiles(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
         read_hostfile(hostfile(tmp_path, text))
@@ -41,14 +45,17 @@ def test_include_exclude_and_counts_as_deepspeed_reads_them(tmp_path):
     assert len(select_hosts(hosts, num_nodes=2, num_gpus=None)) == 2
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"include": "worker-9"}, "not in the hostfile"),
-    ({"include": "worker-0:7"}, "has no slot 7"),
-    ({"include": "worker-0", "exclude": "worker-1"}, "cannot both"),
-    ({"num_nodes": 4}, "more than the 3 host"),
-    ({"num_gpus": 8}, "more than host 'worker-0' offers"),
-    ({"include": "worker-0:0@worker-1"}, "different numbers of slots"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"include": "worker-9"}, "not in the hostfile"),
+        ({"include": "worker-0:7"}, "has no slot 7"),
+        ({"include": "worker-0", "exclude": "worker-1"}, "cannot both"),
+        ({"num_nodes": 4}, "more than the 3 host"),
+        ({"num_gpus": 8}, "more than host 'worker-0' offers"),
+        ({"include": "worker-0:0@worker-1"}, "different numbers of slots"),
+    ],
+)
 def test_impossible_selections(tmp_path, kw, message):
     args = {"num_nodes": None, "num_gpus": None, **kw}
     with pytest.raises(ConfigError, match=message):
@@ -56,23 +63,37 @@ def test_impossible_selections(tmp_path, kw, message):
 
 
 def job(tmp_path):
-    return TrialJob(spec=TrialSpec(stage=1, micro_batch=2), trial_dir=tmp_path, script="train.py", script_args=[],
-                    local_rank_arg=True, num_gpus=2, budget=None, warmup_steps=1, min_steps=3)
+    return TrialJob(
+        spec=TrialSpec(stage=1, micro_batch=2),
+        trial_dir=tmp_path,
+        script="train.py",
+        script_args=[],
+        local_rank_arg=True,
+        num_gpus=2,
+        budget=None,
+        warmup_steps=1,
+        min_steps=3,
+    )
 
 
 def test_torchrun_agents_one_per_node_with_a_static_rendezvous(tmp_path):
-    launcher = MultiNodeLauncher([Host("worker-0", (0, 1)), Host("worker-1", (0, 1))], device="cuda",
-                                 launcher="torchrun")
+    launcher = MultiNodeLauncher(
+        [Host("worker-0", (0, 1)), Host("worker-1", (0, 1))], device="cuda", launcher="torchrun"
+    )
     argv = launcher.torchrun_argv(job(tmp_path).num_gpus, 1, 29555)
     assert argv[1:3] == ["-m", "torch.distributed.run"]
-    assert {"--nnodes=2", "--nproc-per-node=2", "--node-rank=1", "--master-addr=worker-0",
-            "--master-port=29555"} <= set(argv)
+    assert {
+        "--nnodes=2",
+        "--nproc-per-node=2",
+        "--node-rank=1",
+        "--master-addr=worker-0",
+        "--master-port=29555",
+    } <= set(argv)
     assert argv[-2:] == ["-m", "zerotune.probe"]
 
 
 def test_deepspeed_runner_gets_the_chosen_slots(tmp_path):
-    launcher = MultiNodeLauncher([Host("worker-0", (2, 3)), Host("worker-1", (0, 1))], device="cuda",
-                                 launcher="pdsh")
+    launcher = MultiNodeLauncher([Host("worker-0", (2, 3)), Host("worker-1", (0, 1))], device="cuda", launcher="pdsh")
     argv = launcher.runner_argv(tmp_path / "hostfile", 29555)
     assert "--include=worker-0:2,3@worker-1:0,1" in argv and "--launcher=pdsh" in argv
     assert "--master_addr=worker-0" in argv and argv[-2:] == ["--module", "zerotune.probe"]
@@ -95,16 +116,14 @@ def test_missing_tool_is_one_error_before_any_trial(tmp_path, monkeypatch):
 
 def test_unreachable_host_is_one_error_before_any_trial(tmp_path, monkeypatch):
     fake_tool(tmp_path, monkeypatch, "ssh", 255, "ssh: connect to host worker-1 port 22: No route to host")
-    launcher = MultiNodeLauncher([Host("localhost", (0,)), Host("worker-1", (0,))], device="cpu",
-                                 launcher="torchrun")
+    launcher = MultiNodeLauncher([Host("localhost", (0,)), Host("worker-1", (0,))], device="cpu", launcher="torchrun")
     with pytest.raises(ZerotuneError, match="cannot reach host 'worker-1' by ssh.*No route to host"):
         launcher.preflight()
 
 
 def test_local_hosts_need_no_ssh(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    MultiNodeLauncher([Host("localhost", (0,)), Host("127.0.0.1", (0,))], device="cpu",
-                      launcher="torchrun").preflight()
+    MultiNodeLauncher([Host("localhost", (0,)), Host("127.0.0.1", (0,))], device="cpu", launcher="torchrun").preflight()
 
 
 def test_tuner_needs_a_hostfile_for_several_nodes(tuner_factory):
@@ -115,15 +134,17 @@ def test_tuner_needs_a_hostfile_for_several_nodes(tuner_factory):
 
 
 def test_tuner_spans_the_hostfile(tuner_factory, tmp_path):
-    tuner = tuner_factory(hostfile=hostfile(tmp_path), include="worker-0:0,1@worker-1:0,1",
-                          multinode_launcher="torchrun")
+    tuner = tuner_factory(
+        hostfile=hostfile(tmp_path), include="worker-0:0,1@worker-1:0,1", multinode_launcher="torchrun"
+    )
     assert (tuner.num_nodes, tuner.num_gpus, tuner.world, tuner.trials.dp) == (2, 2, 4, 4)
     assert tuner.trials.candidates() == [1, 2, 4, 8, 16]  # the global batch of 64 over 4 data-parallel ranks
 
 
 def test_trials_across_nodes_run_cold_and_say_why(tuner_factory, tmp_path):
-    tuner = tuner_factory(hostfile=hostfile(tmp_path), include="worker-0:0,1@worker-1:0,1",
-                          multinode_launcher="torchrun")
+    tuner = tuner_factory(
+        hostfile=hostfile(tmp_path), include="worker-0:0,1@worker-1:0,1", multinode_launcher="torchrun"
+    )
     tuner.tune()
     assert tuner.launcher.jobs and all(not j.warm and "one node" in j.cold_reason for j in tuner.launcher.jobs)
 

@@ -1,4 +1,5 @@
 """Launcher fault handling without DeepSpeed: hang detection, port retries, signals, leftovers."""
+
 import os
 import subprocess
 import sys
@@ -40,8 +41,18 @@ def test_the_limit_grows_with_the_slowest_step(tmp_path):
 
 def collect_crash(d, log):
     (d / "launcher.log").write_text(log)
-    return collect(spec=TrialSpec(stage=1, micro_batch=2), trial_dir=d, world=2, returncode=1, timed_out=False,
-                   timeout=600, wall_time=1.0, budget=None, min_steps=3, rel_ci=0.03)
+    return collect(
+        spec=TrialSpec(stage=1, micro_batch=2),
+        trial_dir=d,
+        world=2,
+        returncode=1,
+        timed_out=False,
+        timeout=600,
+        wall_time=1.0,
+        budget=None,
+        min_steps=3,
+        rel_ci=0.03,
+    )
 
 
 def test_a_segfault_is_named(tmp_path):
@@ -50,15 +61,27 @@ def test_a_segfault_is_named(tmp_path):
 
 
 def test_hung_trial_is_a_timeout_with_the_reason(tmp_path):
-    r = collect(spec=TrialSpec(stage=1, micro_batch=2), trial_dir=tmp_path, world=2, returncode=None,
-                timed_out=False, timeout=600, wall_time=1.0, budget=None, min_steps=3, rel_ci=0.03,
-                hung="hung: no forward or optimizer step on any rank for 130 s")
+    r = collect(
+        spec=TrialSpec(stage=1, micro_batch=2),
+        trial_dir=tmp_path,
+        world=2,
+        returncode=None,
+        timed_out=False,
+        timeout=600,
+        wall_time=1.0,
+        budget=None,
+        min_steps=3,
+        rel_ci=0.03,
+        hung="hung: no forward or optimizer step on any rank for 130 s",
+    )
     assert r.state is TrialState.TIMEOUT and r.reason.startswith("hung")
 
 
 def test_port_in_use_is_recognised(tmp_path):
-    (tmp_path / "rank0.stderr").write_text("RuntimeError: The server socket has failed to listen on any local "
-                                           "network address. port: 29500, code: -98, name: EADDRINUSE\n")
+    (tmp_path / "rank0.stderr").write_text(
+        "RuntimeError: The server socket has failed to listen on any local "
+        "network address. port: 29500, code: -98, name: EADDRINUSE\n"
+    )
     assert port_in_use(tmp_path, 2)
     (tmp_path / "rank0.stderr").write_text("ValueError: boom\n")
     assert not port_in_use(tmp_path, 2)
@@ -113,8 +136,9 @@ def test_buffers_of_dead_trials_are_removed_and_only_theirs(tmp_path):
 def test_the_rank_that_segfaulted_is_the_cause_not_the_one_left_waiting(tmp_path):
     import json
 
-    (tmp_path / "rank0.json").write_text(json.dumps({"rank": 0, "state": "crashed",
-                                                     "reason": "RuntimeError: Read error [127.0.0.1]: Connection reset"}))
+    (tmp_path / "rank0.json").write_text(
+        json.dumps({"rank": 0, "state": "crashed", "reason": "RuntimeError: Read error [127.0.0.1]: Connection reset"})
+    )
     (tmp_path / "rank1.stderr").write_text("Fatal Python error: Segmentation fault\n\nCurrent thread:\n  File ...\n")
     r = collect_crash(tmp_path, "[launch.py:259] exits with return code = 1\n")
     assert r.reason.startswith("rank 1 was killed by SIGSEGV") and "then RuntimeError: Read error" in r.reason
@@ -123,12 +147,21 @@ def test_the_rank_that_segfaulted_is_the_cause_not_the_one_left_waiting(tmp_path
 def test_the_waiter_records_the_signal_its_rank_died_of_and_dies_of_it_too(tmp_path):
     from zerotune._proc import read_exit
 
-    code = ("import os, signal, sys\nfrom pathlib import Path\nfrom zerotune.probe._waiter import run_watched\n"
-            "run_watched(Path(sys.argv[1]), 1)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    code = (
+        "import os, signal, sys\nfrom pathlib import Path\nfrom zerotune.probe._waiter import run_watched\n"
+        "run_watched(Path(sys.argv[1]), 1)\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], timeout=60)
     assert proc.returncode == -9 and read_exit(tmp_path, 1) == 9
-    clean = subprocess.run([sys.executable, "-c", code.replace("os.kill(os.getpid(), signal.SIGKILL)", "sys.exit(3)"),
-                            str(tmp_path / "x")], timeout=60)
+    clean = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code.replace("os.kill(os.getpid(), signal.SIGKILL)", "sys.exit(3)"),
+            str(tmp_path / "x"),
+        ],
+        timeout=60,
+    )
     assert clean.returncode == 3 and read_exit(tmp_path / "x", 1) is None
 
 
@@ -139,8 +172,19 @@ def test_the_first_rank_to_die_names_the_cause(tmp_path):
     (tmp_path / "rank1.exit").write_text("signal 9\n")
     (tmp_path / "rank0.exit").write_text("signal 15\n")
     os.utime(tmp_path / "rank1.exit", (1, 1))
-    r = collect(spec=TrialSpec(stage=0, micro_batch=4), trial_dir=tmp_path, world=2, returncode=1, timed_out=False,
-                timeout=60, wall_time=1.0, budget=None, min_steps=3, rel_ci=0.03, oom_kills=0)
+    r = collect(
+        spec=TrialSpec(stage=0, micro_batch=4),
+        trial_dir=tmp_path,
+        world=2,
+        returncode=1,
+        timed_out=False,
+        timeout=60,
+        wall_time=1.0,
+        budget=None,
+        min_steps=3,
+        rel_ci=0.03,
+        oom_kills=0,
+    )
     assert r.state is TrialState.KILLED, r.reason
 
 

@@ -1,5 +1,6 @@
 """A Lightning script as a tuning target, with a fake launcher: config forms, the tuner's Lightning
 mode, the cache."""
+
 import json
 
 import pytest
@@ -20,8 +21,15 @@ BASE = {"zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 2,
 
 
 def job(**kw):
-    args = dict(strategy="AutotuneDeepSpeedStrategy", deepspeed=True, world_size=2, batch_size=8,
-                batch_size_attr="datamodule", accumulate_grad_batches=2, base_config=BASE)
+    args = dict(
+        strategy="AutotuneDeepSpeedStrategy",
+        deepspeed=True,
+        world_size=2,
+        batch_size=8,
+        batch_size_attr="datamodule",
+        accumulate_grad_batches=2,
+        base_config=BASE,
+    )
     return LightningJob(**{**args, **kw})
 
 
@@ -46,8 +54,12 @@ def test_without_a_batch_size_attribute_the_micro_batch_stays_fixed():
 
 
 def test_lightning_form_and_trainer_settings():
-    tuned = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4,
-             "train_batch_size": 32}
+    tuned = {
+        "zero_optimization": {"stage": 3},
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 4,
+        "train_batch_size": 32,
+    }
     form = lightning_form(tuned)
     assert "gradient_accumulation_steps" not in form and form["train_batch_size"] == 32  # Lightning issue 12299
     assert trainer_settings(form, world_size=2) == (4, 4)
@@ -73,11 +85,19 @@ def lightning_tuner(tmp_path, gpu_node):
     def make(**kw):
         j = job(fingerprint="abc123", cache_dir=str(tmp_path / "cache"), **kw.pop("job", {}))
         launcher = FakeLauncher(FakeMachine())
-        tuner = Autotuner([str(script), "--epochs", "3"], num_gpus=kw.pop("num_gpus", None), lightning=j,
-                          memory_per_device="8GiB", launcher=launcher, node=gpu_node,
-                          results_dir=tmp_path / "results", **kw)
+        tuner = Autotuner(
+            [str(script), "--epochs", "3"],
+            num_gpus=kw.pop("num_gpus", None),
+            lightning=j,
+            memory_per_device="8GiB",
+            launcher=launcher,
+            node=gpu_node,
+            results_dir=tmp_path / "results",
+            **kw,
+        )
         tuner.fake = launcher
         return tuner
+
     return make
 
 
@@ -85,8 +105,11 @@ def test_lightning_trials_get_the_config_through_the_probe_not_the_arguments(lig
     tuner = lightning_tuner()
     result = tuner.tune()
     assert tuner.num_gpus == 2  # the Trainer's devices
-    assert all(j.probe_spec(j.trial_dir)["lightning_config"] == str((j.trial_dir / "ds_config.json").resolve())
-               and j.script_args == ["--epochs", "3"] for j in tuner.fake.jobs)
+    assert all(
+        j.probe_spec(j.trial_dir)["lightning_config"] == str((j.trial_dir / "ds_config.json").resolve())
+        and j.script_args == ["--epochs", "3"]
+        for j in tuner.fake.jobs
+    )
     assert result.best_config["train_batch_size"] == 32
     assert {s for s in (j.spec.stage for j in tuner.fake.jobs)} == {0, 1, 2}  # stage 3: stage 2 fits all
     written = json.loads((tmp_path / "results" / "ds_config_optimal.json").read_text())

@@ -1,5 +1,6 @@
 """AutotuneDeepSpeedStrategy's decisions in one process (no training): what a fit asks for, the
 fingerprint, applying a tuned config, the cache and the torchrun/SLURM case."""
+
 import json
 from pathlib import Path
 
@@ -67,8 +68,14 @@ def test_fingerprint_follows_model_batch_and_precision(tmp_path):
     assert fp(Model(width=32)) != same
     assert fp(data=Data(batch_size=16)) != same
     assert fp(stages=[2]) != same
-    t = L.Trainer(accelerator="cpu", devices=2, strategy=AutotuneDeepSpeedStrategy(cache_dir=tmp_path), precision="bf16-mixed",
-                  accumulate_grad_batches=2, logger=False)
+    t = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=AutotuneDeepSpeedStrategy(cache_dir=tmp_path),
+        precision="bf16-mixed",
+        accumulate_grad_batches=2,
+        logger=False,
+    )
     assert describe(t.strategy, t, Model(), Data()).fingerprint != same
 
 
@@ -105,8 +112,10 @@ def test_a_cached_result_is_used_without_tuning(tmp_path):
         def metric(self, m):
             return 100.0
 
-    write_cache(job, TuningResult(metric="throughput", trials=[], best=Best(), best_config=config,
-                                  results_dir=tmp_path / "gone"))
+    write_cache(
+        job,
+        TuningResult(metric="throughput", trials=[], best=Best(), best_config=config, results_dir=tmp_path / "gone"),
+    )
     t.strategy.tuning.resolve(t.strategy, t, Model(), Data(), None, can_tune=False, required=True)
     assert t.strategy.tuned_config == config and t.strategy.tuning_result is None  # trials folder is gone
 
@@ -138,8 +147,9 @@ def test_retune_tunes_again_despite_a_cached_result(tmp_path, monkeypatch):
     def fake_tune(self, job):  # stands in for the trials: writes what a tuning writes
         tuned.append(job.fingerprint)
         (Path(job.cache_dir) / job.fingerprint).mkdir(parents=True, exist_ok=True)
-        (Path(job.cache_dir) / job.fingerprint / "tuned.json").write_text(json.dumps(
-            {"best": f"run{len(tuned)}", "config": config, "results_dir": str(tmp_path / "none")}))
+        (Path(job.cache_dir) / job.fingerprint / "tuned.json").write_text(
+            json.dumps({"best": f"run{len(tuned)}", "config": config, "results_dir": str(tmp_path / "none")})
+        )
 
     monkeypatch.setattr(Tuning, "_tune", fake_tune)
     for retune, expect in ((False, 1), (False, 1), (True, 2)):
@@ -148,8 +158,10 @@ def test_retune_tunes_again_despite_a_cached_result(tmp_path, monkeypatch):
         assert len(tuned) == expect and t.strategy.tuning.entry["best"] == f"run{expect}"
 
 
-@pytest.mark.parametrize("option, value", [("retune", "no"), ("autotune", "false"), ("max_trials", 2.5),
-                                           ("global_batch", "64"), ("trial_timeout", "30")])
+@pytest.mark.parametrize(
+    "option, value",
+    [("retune", "no"), ("autotune", "false"), ("max_trials", 2.5), ("global_batch", "64"), ("trial_timeout", "30")],
+)
 def test_strategy_options_of_the_wrong_type_are_named(option, value):
     with pytest.raises(ConfigError, match=f"{option}=") as info:
         AutotuneDeepSpeedStrategy(**{option: value})
@@ -158,7 +170,10 @@ def test_strategy_options_of_the_wrong_type_are_named(option, value):
 
 def test_strategy_measurement_options_are_the_api_s_and_checked_at_once():
     strategy = AutotuneDeepSpeedStrategy(precision=0.05, max_measure_seconds=6.0, stall_timeout=60.0)
-    assert (strategy.tuning.precision, strategy.tuning.max_measure_seconds, strategy.tuning.stall_timeout) == \
-        (0.05, 6.0, 60.0)
+    assert (strategy.tuning.precision, strategy.tuning.max_measure_seconds, strategy.tuning.stall_timeout) == (
+        0.05,
+        6.0,
+        60.0,
+    )
     with pytest.raises(ConfigError, match="precision"):
         AutotuneDeepSpeedStrategy(precision=2.0)

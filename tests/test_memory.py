@@ -1,4 +1,5 @@
 """The calibrated memory model: fits, their uncertainty, and transfer to unmeasured stages."""
+
 import random
 
 import pytest
@@ -11,13 +12,25 @@ MIB = 1024**2
 
 
 def ok(stage, mb, peak, static, num_params=100_000_000):
-    return TrialResult(spec=TrialSpec(stage=stage, micro_batch=mb), state=TrialState.OK, peak_memory=[peak, peak],
-                       static_memory=[static, static], num_params=num_params)
+    return TrialResult(
+        spec=TrialSpec(stage=stage, micro_batch=mb),
+        state=TrialState.OK,
+        peak_memory=[peak, peak],
+        static_memory=[static, static],
+        num_params=num_params,
+    )
 
 
 def setup_for(stage, n):
-    return MemorySetup(num_params=n, dp=2, stage=stage, reduce_bucket_size=5e8, allgather_bucket_size=5e8,
-                       overlap_comm=stage == 3, prefetch_bucket_size=5e7)
+    return MemorySetup(
+        num_params=n,
+        dp=2,
+        stage=stage,
+        reduce_bucket_size=5e8,
+        allgather_bucket_size=5e8,
+        overlap_comm=stage == 3,
+        prefetch_bucket_size=5e7,
+    )
 
 
 def test_two_points_give_static_and_per_sample_with_the_prior_spread():
@@ -60,8 +73,15 @@ def test_an_unmeasured_stage_gets_analytic_states_plus_fitted_residual_and_a_tra
     m = MemoryModel(dp=2, mixed_precision=False, setup_for=setup_for)
     overhead, act = 300 * MIB, 80 * MIB
     for mb in (4, 16):
-        m.observe(ok(0, mb, int(overhead + model_states(setup_for(0, n)) + act * mb),
-                     int(overhead + model_states(setup_for(0, n))), n))
+        m.observe(
+            ok(
+                0,
+                mb,
+                int(overhead + model_states(setup_for(0, n)) + act * mb),
+                int(overhead + model_states(setup_for(0, n))),
+                n,
+            )
+        )
     fit3 = m.fit(3)
     truth3 = overhead + model_states(setup_for(3, n)) + act * 8
     assert fit3.predict(8) == pytest.approx(truth3, rel=1e-6)
@@ -94,8 +114,12 @@ def test_an_out_of_memory_trial_sets_a_floor_under_its_own_and_smaller_micro_bat
     m = MemoryModel(dp=2, mixed_precision=False)
     m.observe(ok(1, 4, 500 * MIB, 100 * MIB))
     assert m.floor(1, 2) is None
-    oom = TrialResult(spec=TrialSpec(stage=1, micro_batch=8), state=TrialState.OOM, peak_memory=[2000 * MIB, 1800 * MIB],
-                      static_memory=[160 * MIB, 150 * MIB])
+    oom = TrialResult(
+        spec=TrialSpec(stage=1, micro_batch=8),
+        state=TrialState.OOM,
+        peak_memory=[2000 * MIB, 1800 * MIB],
+        static_memory=[160 * MIB, 150 * MIB],
+    )
     m.observe(oom)
     margin = 1 - Z * PRIOR_REL
     need, at = m.floor(1, 2)
@@ -104,7 +128,13 @@ def test_an_out_of_memory_trial_sets_a_floor_under_its_own_and_smaller_micro_bat
     assert m.floor(2, 2) is None and m.floor(1, 2, (("zero_optimization.offload_optimizer.device", "cpu"),)) is None
     assert [p.micro_batch for p in m.points[1]] == [4]  # the fit is the OK trials' alone
     # A second, tighter failure at a smaller micro-batch raises the floor below it.
-    m.observe(TrialResult(spec=TrialSpec(stage=1, micro_batch=2), state=TrialState.OOM, peak_memory=[1900 * MIB],
-                          static_memory=[160 * MIB]))
+    m.observe(
+        TrialResult(
+            spec=TrialSpec(stage=1, micro_batch=2),
+            state=TrialState.OOM,
+            peak_memory=[1900 * MIB],
+            static_memory=[160 * MIB],
+        )
+    )
     assert m.floor(1, 2)[1].micro_batch == 2
     assert m.floor(1, 1)[0] == pytest.approx((1900 / 2 + 160 / 2) * MIB * margin)

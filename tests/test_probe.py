@@ -1,4 +1,5 @@
 """The in-process probe with fakes: GPU memory readings, OOM classification, stop decisions."""
+
 import json
 import math
 from types import SimpleNamespace
@@ -41,13 +42,16 @@ class OutOfMemoryError(RuntimeError):
     pass
 
 
-@pytest.mark.parametrize("exc, oom", [
-    (OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
-    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"), True),
-    (MemoryError(), True),
-    (RuntimeError("NCCL error: unhandled system error"), False),
-    (ValueError("out of memory"), False),
-])
+@pytest.mark.parametrize(
+    "exc, oom",
+    [
+        (OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+        (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"), True),
+        (MemoryError(), True),
+        (RuntimeError("NCCL error: unhandled system error"), False),
+        (ValueError("out of memory"), False),
+    ],
+)
 def test_oom_classification(exc, oom):
     assert is_oom_error(exc) is oom
 
@@ -100,8 +104,9 @@ def test_a_disturbed_step_does_not_keep_a_trial_measuring(probe_factory, tmp_pat
 
 def test_stops_early_when_it_cannot_beat_the_best(probe_factory, tmp_path):
     noisy = [0.0, 0.0, 1.0, 2.0, 3.1, 4.0, 5.2, 6.1, 7.3, 8.0, 9.4, 10.1]  # too noisy to be "stable" soon
-    probe = probe_factory(noisy + [float(i) for i in range(12, 100)], rel_ci=0.001,
-                          to_beat={"metric": "throughput", "value": 100.0})
+    probe = probe_factory(
+        noisy + [float(i) for i in range(12, 100)], rel_ci=0.001, to_beat={"metric": "throughput", "value": 100.0}
+    )
     with pytest.raises(Exited):
         drive(probe, FakeEngine(), 100)
     out = json.loads((tmp_path / "rank0.json").read_text())
@@ -182,8 +187,9 @@ def test_the_time_cap_waits_for_the_fewest_steps(probe_factory, tmp_path):
 
 def test_an_early_stop_may_still_end_a_slow_trial_at_two_steps(probe_factory, tmp_path):
     steps = [10.0, 10.0, 10.1, 10.0, 10.0, 10.0]
-    probe = probe_factory(clock(steps), warmup_steps=1, max_seconds=5.0,
-                          to_beat={"metric": "throughput", "value": 100.0})
+    probe = probe_factory(
+        clock(steps), warmup_steps=1, max_seconds=5.0, to_beat={"metric": "throughput", "value": 100.0}
+    )
     with pytest.raises(Exited):
         drive(probe, FakeEngine(), len(steps))
     out = json.loads((tmp_path / "rank0.json").read_text())
@@ -243,7 +249,7 @@ def test_settled_at_ends_warm_up_where_a_step_is_not_slower_than_those_after_it(
     assert settled_at(ends[1:]) == 3  # steps 4 and 5 agree: timed from step 4 on
     assert settled_at(clock([5.0, 1.0, 1.0])[1:]) == 1  # settled at once: only the first step warms up
     assert settled_at(clock([5.0, 1.0])[1:]) is None  # not yet known
-    assert settled_at(clock([0.9 ** k for k in range(25)])[1:], limit=10) == 10  # never settles: capped
+    assert settled_at(clock([0.9**k for k in range(25)])[1:], limit=10) == 10  # never settles: capped
     assert settled_at(clock([1, 2] * 20)[1:], limit=10) == 2  # the job's own pattern, not warm-up
 
 
@@ -283,7 +289,7 @@ def test_the_warm_up_rule_adds_little_bias_and_few_steps_under_noise():
         for _ in range(3000):
             durations = [3.0] + [rng.gauss(1.0, noise) for _ in range(14)]
             i = decided(clock(durations)[1:])
-            means.append(statistics.fmean(durations[i:i + 4]))  # four timed steps from where timing starts
+            means.append(statistics.fmean(durations[i : i + 4]))  # four timed steps from where timing starts
             extra.append(i - 1)
         assert abs(statistics.fmean(means) - 1.0) < bias, noise  # standard errors about 0.0005 and 0.001
         assert statistics.fmean(extra) < steps, noise
@@ -328,8 +334,15 @@ def settle_on(value, rel_se, df=9):
     config (FakeEngine) does 8 samples per step."""
     from zerotune.step_stats import t95_df
 
-    return {"maximize": True, "value": value, "ci": value * rel_se * t95_df(df), "rel_se": rel_se, "df": df,
-            "scale": 8.0, "margin": 0.03}
+    return {
+        "maximize": True,
+        "value": value,
+        "ci": value * rel_se * t95_df(df),
+        "rel_se": rel_se,
+        "df": df,
+        "scale": 8.0,
+        "margin": 0.03,
+    }
 
 
 def settled_after(intervals, settle):
@@ -338,8 +351,9 @@ def settled_after(intervals, settle):
     mean, std, ci = summarize(intervals)
     value, n = 8.0 / mean, len(intervals)
     lead = Figure(settle["value"], settle["ci"], settle["rel_se"], settle["df"])
-    return pair_settled(Figure(value, value * ci / mean, ci / t95_df(n - 1) / mean, n - 1), lead,
-                        maximize=True, margin=0.03)
+    return pair_settled(
+        Figure(value, value * ci / mean, ci / t95_df(n - 1) / mean, n - 1), lead, maximize=True, margin=0.03
+    )
 
 
 def run_remeasurement(probe_factory, tmp_path, steps, window, cap=15.0, **spec):
@@ -423,7 +437,7 @@ def test_measuring_on_settles_more_ties_and_rarely_a_wrong_one(probe_factory, tm
                 lead = run_remeasurement(probe_factory, tmp_path, [rng.gauss(1.0, 0.05) for _ in range(40)], None)
                 mean, std, _ = summarize(lead)
                 n = len(lead)
-                settle = settle_on(8.0 / mean, std / n ** 0.5 / mean, df=n - 1)
+                settle = settle_on(8.0 / mean, std / n**0.5 / mean, df=n - 1)
                 iv = remeasure(1.0 + gap, settle if mode == "measure on" else None)
                 ok = settled_after(iv, settle)
                 settled += ok

@@ -1,6 +1,7 @@
 """A warm process's later trial times its step 1 (see probe/_history.py): from the engine's
 build, with the forward FLOPs an earlier trial of the process profiled, unless step 1 is
 profiled, needed memory no earlier trial held, or runs on a GPU."""
+
 import json
 from types import SimpleNamespace
 
@@ -21,8 +22,14 @@ def warm_probe(probe_factory, tmp_path, ticks, *, profiled=True, high_water=1 <<
     history.ended(high_water)
     for stage in stages:
         history.ran((stage, False, False))
-    spec = {"adaptive_warmup": True, "profile_flops": True, "results_dir": str(tmp_path), "script": "train.py",
-            "args": ["--deepspeed_config", str(tmp_path / "ds_config.json")], **spec}
+    spec = {
+        "adaptive_warmup": True,
+        "profile_flops": True,
+        "results_dir": str(tmp_path),
+        "script": "train.py",
+        "args": ["--deepspeed_config", str(tmp_path / "ds_config.json")],
+        **spec,
+    }
     probe = probe_factory(ticks, history=history, **spec)
     if profiled:
         key = ProcessHistory.flops_key(probe.spec, BATCH_SHAPE, DTYPE, 0, zero3=False)  # FakeEngine: stage 2
@@ -81,8 +88,7 @@ def test_step_1_that_needed_new_memory_warms_up_and_so_may_step_2(probe_factory,
     assert all(abs(i - 1.8) < 1e-9 for i in out["intervals"])
 
 
-def test_the_first_trial_of_a_zero_stage_in_the_process_warms_up_step_1_and_its_slow_step_2(
-        probe_factory, tmp_path):
+def test_the_first_trial_of_a_zero_stage_in_the_process_warms_up_step_1_and_its_slow_step_2(probe_factory, tmp_path):
     # z1_mb32_gas1 after stage 0's trials in run 39-3: 1.97, 2.31, 1.87 s. Timed from step 1 the
     # slow step 2 stays in (step 1 looks settled against it); with step 1 warm-up, step 2 is
     # judged against the steps after it and warms up too.
@@ -105,8 +111,11 @@ def test_the_setup_is_recorded_when_a_trial_ends(probe_factory, tmp_path):
 
 
 def test_a_zero_setup_is_its_stage_and_what_it_offloads():
-    engine = SimpleNamespace(zero_optimization_stage=lambda: 3, zero_offload_optimizer=lambda: {"device": "cpu"},
-                             zero_offload_param=lambda: None)
+    engine = SimpleNamespace(
+        zero_optimization_stage=lambda: 3,
+        zero_offload_optimizer=lambda: {"device": "cpu"},
+        zero_offload_param=lambda: None,
+    )
     assert zero_setup(engine) == (3, True, False)
     assert zero_setup(SimpleNamespace(zero_optimization_stage=lambda: 1)) == (1, False, False)
 
@@ -131,8 +140,12 @@ def test_the_flops_key_reads_any_trial_s_files_as_the_same(tmp_path):
     results = tmp_path / "res"
 
     def spec(trial, model="small"):
-        return {"script": "gpt.py", "out_dir": str(results / trial), "results_dir": str(results),
-                "args": ["--model", model, "--deepspeed_config", str(results / trial / "ds_config.json")]}
+        return {
+            "script": "gpt.py",
+            "out_dir": str(results / trial),
+            "results_dir": str(results),
+            "args": ["--model", model, "--deepspeed_config", str(results / trial / "ds_config.json")],
+        }
 
     def key(s, shape=(64,), params=100, zero3=False):
         return ProcessHistory.flops_key(s, shape, DTYPE, params, zero3)
@@ -148,7 +161,8 @@ def test_the_flops_key_reads_any_trial_s_files_as_the_same(tmp_path):
     other = {**beside, "args": ["--data", str(tmp_path / "res_other.bin")]}
     assert key(beside) != key(other)
     assert key({**beside, "args": [f"--deepspeed_config={results / 'a' / 'ds.json'}"]}) == key(
-        {**beside, "args": [f"--deepspeed_config={results / 'b' / 'ds.json'}"]})
+        {**beside, "args": [f"--deepspeed_config={results / 'b' / 'ds.json'}"]}
+    )
 
 
 def test_the_high_water_mark_is_the_highest_trial_peak():

@@ -1,5 +1,6 @@
 """A trial behind the best so far that its time cap could not show slower ends as a tie (probe
 _tied): the steps left would decide nothing, and the confirmation measures ties again."""
+
 import json
 import random
 
@@ -62,10 +63,18 @@ def test_a_settled_trial_and_a_clear_loser_are_not_ties(probe_factory, tmp_path)
 def test_a_re_measurement_is_never_cut_as_a_tie(probe_factory, tmp_path):
     # Its comparison is the confirmation's (settle), measured to its window: the 5 s of timed
     # steps it holds (4 here: a fifth, at their mean of 1.0075 s, would end past 5 s).
-    settle = {"maximize": True, "value": 8.16, "ci": 8.16 * 0.035 * t95_df(4), "rel_se": 0.035, "df": 4,
-              "scale": 8.0, "margin": 0.03}
-    out = run_trial(probe_factory, tmp_path, NOISY, window_seconds=5.0, max_seconds=10.0, to_beat=leader(8.16, 0.035),
-                    settle=settle)
+    settle = {
+        "maximize": True,
+        "value": 8.16,
+        "ci": 8.16 * 0.035 * t95_df(4),
+        "rel_se": 0.035,
+        "df": 4,
+        "scale": 8.0,
+        "margin": 0.03,
+    }
+    out = run_trial(
+        probe_factory, tmp_path, NOISY, window_seconds=5.0, max_seconds=10.0, to_beat=leader(8.16, 0.035), settle=settle
+    )
     assert not out["tied"] and len(out["intervals"]) == 4
 
 
@@ -81,17 +90,23 @@ def simulate(probe_factory, tmp_path, gap, draws=200):
     rng, rows = random.Random(3), []
     for _ in range(draws):
         mean, std, _ = summarize([rng.gauss(1.0, 0.06) for _ in range(5)])
-        to_beat = leader(8.0 / mean, std / 5 ** 0.5 / mean)
+        to_beat = leader(8.0 / mean, std / 5**0.5 / mean)
         lead = Figure(to_beat["value"], to_beat["value"] * to_beat["rel_se"] * t95_df(4), 0.0, 4.0)
         steps = [rng.gauss(1.0 + gap, 0.06) for _ in range(12)]
         # a cap of five steps: at most 5.5 of them, so a sixth would pass it
         out = run_trial(probe_factory, tmp_path, steps, max_seconds=5.5 * (1.0 + gap), rel_ci=0.03, to_beat=to_beat)
         m, _, ci = summarize(out["intervals"])
         mine = Figure(8.0 / m, 8.0 / m * ci / m, 0.0, 0.0)
-        rows.append({"steps": len(out["intervals"]), "tied": out["tied"], "stopped early": out["early_stop"],
-                     "candidate": not out["early_stop"] and within_noise_of(mine, lead),
-                     "covered": abs(m - (1.0 + gap)) <= ci,
-                     "lost lead": out["tied"] and 8.0 / summarize(steps[:5])[0] > to_beat["value"]})
+        rows.append(
+            {
+                "steps": len(out["intervals"]),
+                "tied": out["tied"],
+                "stopped early": out["early_stop"],
+                "candidate": not out["early_stop"] and within_noise_of(mine, lead),
+                "covered": abs(m - (1.0 + gap)) <= ci,
+                "lost lead": out["tied"] and 8.0 / summarize(steps[:5])[0] > to_beat["value"],
+            }
+        )
     return {k: sum(r[k] for r in rows) / draws for k in rows[0]}
 
 

@@ -1,5 +1,6 @@
 """Process hygiene: die_with_parent is safe between fork and exec, and still ends the child with
 the thread that started it."""
+
 import builtins
 import ctypes
 import signal
@@ -32,8 +33,11 @@ def test_between_fork_and_exec_it_imports_nothing_and_loads_no_library():
 
 def test_a_child_ends_with_the_thread_that_started_it(tmp_path):
     started = []
-    starter = threading.Thread(target=lambda: started.append(
-        ProcessGroup([sys.executable, "-c", "import time; time.sleep(600)"], env={}, log=tmp_path / "log")))
+    starter = threading.Thread(
+        target=lambda: started.append(
+            ProcessGroup([sys.executable, "-c", "import time; time.sleep(600)"], env={}, log=tmp_path / "log")
+        )
+    )
     starter.start()
     starter.join()
     (group,) = started

@@ -1,4 +1,5 @@
 """Comparing measured trials: ties, headroom, and trials that stopped measuring early."""
+
 from dataclasses import replace
 
 from zerotune.ranking import TIE_MARGIN, choose_best, clearly_worse, most_faster, shown_worse
@@ -6,11 +7,20 @@ from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
 
 
 def trial(stage, step, ci, peak, lost_to=None):
-    m = Measurement(samples_per_step=64, step_time_mean=step, step_time_std=ci, step_time_ci95=ci,
-                    steps_measured=2, stable=lost_to is None, early_stop=lost_to is not None, lost_to=lost_to,
-                    lost_to_metric="throughput" if lost_to else "")
-    return TrialResult(spec=TrialSpec(stage=stage, micro_batch=8), state=TrialState.OK, measurement=m,
-                       peak_memory=[peak, peak])
+    m = Measurement(
+        samples_per_step=64,
+        step_time_mean=step,
+        step_time_std=ci,
+        step_time_ci95=ci,
+        steps_measured=2,
+        stable=lost_to is None,
+        early_stop=lost_to is not None,
+        lost_to=lost_to,
+        lost_to_metric="throughput" if lost_to else "",
+    )
+    return TrialResult(
+        spec=TrialSpec(stage=stage, micro_batch=8), state=TrialState.OK, measurement=m, peak_memory=[peak, peak]
+    )
 
 
 def test_a_trial_shown_worse_by_its_probe_is_not_tied_with_what_beat_it():
@@ -21,8 +31,9 @@ def test_a_trial_shown_worse_by_its_probe_is_not_tied_with_what_beat_it():
     slow = trial(2, 2.02, 0.02, peak=500)
     choice = choose_best([fast, slow], "throughput")
     assert choice.best is slow and choice.ties == [fast] and "for its memory headroom" in choice.note
-    stopped = replace(slow, measurement=replace(slow.measurement, early_stop=True, lost_to=32.0,
-                                                lost_to_metric="throughput"))
+    stopped = replace(
+        slow, measurement=replace(slow.measurement, early_stop=True, lost_to=32.0, lost_to_metric="throughput")
+    )
     choice = choose_best([fast, stopped], "throughput")
     assert choice.best is fast and choice.ties == [] and choice.note == ""
     assert shown_worse("throughput", stopped, fast) and clearly_worse("throughput", stopped, fast)
@@ -50,13 +61,15 @@ def test_headroom_wins_only_where_its_cost_is_shown_within_the_margin():
     assert choice.best is fast and choice.ties == [lean]
     assert "z2_mb8_gas1 has more memory headroom, but it may be up to 6.9% slower" in choice.note
     # 1.5% slower over eight steps: within noise, and shown within the margin: headroom wins.
-    tight = replace(lean, measurement=replace(lean.measurement, step_time_mean=2.03, step_time_ci95=0.03,
-                                              steps_measured=8))
+    tight = replace(
+        lean, measurement=replace(lean.measurement, step_time_mean=2.03, step_time_ci95=0.03, steps_measured=8)
+    )
     assert most_faster(fast, tight, "throughput") <= TIE_MARGIN
     assert choose_best([fast, tight], "throughput").best is tight
     # A trial with a single timed step has no interval: never a headroom pick, even 0.75% slower.
-    one = replace(lean, measurement=replace(lean.measurement, step_time_mean=2.015, step_time_ci95=0.0,
-                                            steps_measured=1))
+    one = replace(
+        lean, measurement=replace(lean.measurement, step_time_mean=2.015, step_time_ci95=0.0, steps_measured=1)
+    )
     choice = choose_best([fast, one], "throughput")
     assert choice.best is fast and "its cost is unknown" in choice.note
 
@@ -85,9 +98,9 @@ def test_why_a_trial_stopped_early_lost_names_the_test_that_decided(tmp_path):
 
     fast = trial(1, 2.00, 0.02, peak=900)  # 32 samples/s
     stopped = trial(2, 2.02, 0.05, peak=900, lost_to=32.0)
-    result = TuningResult(metric="throughput", trials=[fast, stopped], best=fast, best_config={},
-                          results_dir=tmp_path)
-    assert result.why_lost(stopped) == ("1.0% slower than z1_mb8_gas1 (stopped early: shown, one-sided at 95%, "
-                                        "unable to beat 32.0 samples/s)")
+    result = TuningResult(metric="throughput", trials=[fast, stopped], best=fast, best_config={}, results_dir=tmp_path)
+    assert result.why_lost(stopped) == (
+        "1.0% slower than z1_mb8_gas1 (stopped early: shown, one-sided at 95%, unable to beat 32.0 samples/s)"
+    )
     measured = replace(stopped, measurement=replace(stopped.measurement, early_stop=False, lost_to=None))
     assert result.why_lost(measured).endswith("which measured better; the order is not certain")

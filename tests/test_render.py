@@ -1,5 +1,6 @@
 """The summary a user reads: 80 columns without wrapped figures, and the environment the
 figures hold in named beside the choice."""
+
 import io
 
 from rich.console import Console
@@ -14,9 +15,14 @@ GIB = 1024**3
 
 def cpu_tuning(tmp_path, script, make_config, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    tuner = Autotuner([str(script), "--deepspeed_config", str(make_config())], num_gpus=2,
-                      memory_per_device="6GiB", launcher=FakeLauncher(), node=Node("cpu", 0, 0, 64 * GIB),
-                      results_dir=tmp_path / "r")
+    tuner = Autotuner(
+        [str(script), "--deepspeed_config", str(make_config())],
+        num_gpus=2,
+        memory_per_device="6GiB",
+        launcher=FakeLauncher(),
+        node=Node("cpu", 0, 0, 64 * GIB),
+        results_dir=tmp_path / "r",
+    )
     return tuner.tune()
 
 
@@ -40,7 +46,7 @@ def test_the_summary_fits_80_columns_and_names_the_environment(tmp_path, script,
     assert lines.index(env) == next(i for i, line in enumerate(lines) if line.startswith("best:")) + 1
 
     text = (tmp_path / "r" / "summary.txt").read_text().splitlines()
-    stage_table = text[:text.index("")]
+    stage_table = text[: text.index("")]
     assert all(len(line) <= 80 for line in stage_table)
     assert "environment: DS_ACCELERATOR=cpu OMP_NUM_THREADS=" in "\n".join(text)
     trial_head = next(line for line in text if line.startswith("trial "))
@@ -75,8 +81,10 @@ def test_a_step_left_out_as_a_disturbance_is_named_in_the_summary(tuner_factory)
     from zerotune.report import summary_text
 
     name = "z1_mb8_gas4"
-    tuner = tuner_factory(machine=FakeMachine(left_out={name: [2.73]}),
-                          config={"zero_optimization": {"stage": [1]}, "train_micro_batch_size_per_gpu": 8})
+    tuner = tuner_factory(
+        machine=FakeMachine(left_out={name: [2.73]}),
+        config={"zero_optimization": {"stage": [1]}, "train_micro_batch_size_per_gpu": 8},
+    )
     result = tuner.tune()
     for res in (result, load_results(tuner.results_dir)):
         lines = [x for x in summary_text(res).splitlines() if x.startswith("left out: ")]

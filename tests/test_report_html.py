@@ -1,4 +1,5 @@
 """The report's figure data, the page (escaping, embedded figures), and progress events."""
+
 import io
 import json
 
@@ -11,12 +12,20 @@ from zerotune.trial import TrialState
 
 
 def tuned(tmp_path, make_config, gpu_node, script, **kw):
-    cfg = make_config({"fast": False, "tuner_early_stopping": 3},
-                      zero_optimization={"stage": "all", "overlap_comm": [True, False]})
+    cfg = make_config(
+        {"fast": False, "tuner_early_stopping": 3}, zero_optimization={"stage": "all", "overlap_comm": [True, False]}
+    )
     events = []
-    tuner = Autotuner([str(script), "--deepspeed_config", str(cfg), "--tag", "<script>alert(1)</script>"],
-                      num_gpus=2, memory_per_device="5GiB", launcher=FakeLauncher(FakeMachine()), node=gpu_node,
-                      results_dir=tmp_path / "results", on_event=events.append, **kw)
+    tuner = Autotuner(
+        [str(script), "--deepspeed_config", str(cfg), "--tag", "<script>alert(1)</script>"],
+        num_gpus=2,
+        memory_per_device="5GiB",
+        launcher=FakeLauncher(FakeMachine()),
+        node=gpu_node,
+        results_dir=tmp_path / "results",
+        on_event=events.append,
+        **kw,
+    )
     return tuner, tuner.tune(), events
 
 
@@ -39,13 +48,21 @@ def test_figure_data_follows_the_trials(tmp_path, make_config, gpu_node, script)
 
 
 def test_config_diff_names_each_change():
-    user = {"zero_optimization": {"stage": "all", "overlap_comm": [True, False]}, "autotuning": {"x": 1},
-            "optimizer": {"type": "AdamW"}}
-    chosen = {"zero_optimization": {"stage": 2, "overlap_comm": False}, "optimizer": {"type": "AdamW"},
-              "train_micro_batch_size_per_gpu": 8}
-    assert config_diff(user, chosen) == [("train_micro_batch_size_per_gpu", None, 8),
-                                         ("zero_optimization.overlap_comm", [True, False], False),
-                                         ("zero_optimization.stage", "all", 2)]
+    user = {
+        "zero_optimization": {"stage": "all", "overlap_comm": [True, False]},
+        "autotuning": {"x": 1},
+        "optimizer": {"type": "AdamW"},
+    }
+    chosen = {
+        "zero_optimization": {"stage": 2, "overlap_comm": False},
+        "optimizer": {"type": "AdamW"},
+        "train_micro_batch_size_per_gpu": 8,
+    }
+    assert config_diff(user, chosen) == [
+        ("train_micro_batch_size_per_gpu", None, 8),
+        ("zero_optimization.overlap_comm", [True, False], False),
+        ("zero_optimization.stage", "all", 2),
+    ]
 
 
 def test_report_page_embeds_its_figures_and_escapes_user_strings(tmp_path, make_config, gpu_node, script):
@@ -113,13 +130,27 @@ def many_trials_folder(root, n=2000):
     ident = Identity(code="c", args=[], topology={}, measure={}, env={}, failure={})
     record = TuningRecord(root, identity=ident, session={"metric": "throughput", "num_gpus": 2, "budget": 8 * 1024**3})
     for i in range(n):
-        spec = TrialSpec(stage=i % 3 + 1, micro_batch=2 ** (i % 5),
-                         overrides=(("zero_optimization.reduce_bucket_size", float(1e6 + i // 15)),))
+        spec = TrialSpec(
+            stage=i % 3 + 1,
+            micro_batch=2 ** (i % 5),
+            overrides=(("zero_optimization.reduce_bucket_size", float(1e6 + i // 15)),),
+        )
         step = 0.1 + (i % 7) / 100
-        result = TrialResult(spec=spec, state=TrialState.OK if i % 9 else TrialState.OOM, peak_memory=[10**9 + i] * 2,
-                             static_memory=[5 * 10**8] * 2, wall_time=1.0,
-                             measurement=Measurement(samples_per_step=8, step_time_mean=step, step_time_std=0.01,
-                                                     step_time_ci95=0.005, steps_measured=10, stable=True))
+        result = TrialResult(
+            spec=spec,
+            state=TrialState.OK if i % 9 else TrialState.OOM,
+            peak_memory=[10**9 + i] * 2,
+            static_memory=[5 * 10**8] * 2,
+            wall_time=1.0,
+            measurement=Measurement(
+                samples_per_step=8,
+                step_time_mean=step,
+                step_time_std=0.01,
+                step_time_ci95=0.005,
+                steps_measured=10,
+                stable=True,
+            ),
+        )
         record.save(result, {"i": i})
         record.trials.append(result)
     record.write_session("finished")
@@ -145,8 +176,13 @@ def test_report_says_how_each_trial_started(tmp_path, make_config, gpu_node, scr
             return r
 
     cfg = make_config(None, zero_optimization={"stage": [1, 2]}, train_micro_batch_size_per_gpu=8)
-    Autotuner([str(script), "--deepspeed_config", str(cfg)], num_gpus=2, memory_per_device="8GiB",
-              launcher=StartingLauncher(FakeMachine(speed={1: 1.5, 2: 1.0})), node=gpu_node,
-              results_dir=tmp_path / "results").tune()
+    Autotuner(
+        [str(script), "--deepspeed_config", str(cfg)],
+        num_gpus=2,
+        memory_per_device="8GiB",
+        launcher=StartingLauncher(FakeMachine(speed={1: 1.5, 2: 1.0})),
+        node=gpu_node,
+        results_dir=tmp_path / "results",
+    ).tune()
     text = write_report(tmp_path / "results").read_text()
     assert "<th>processes</th>" in text and "warm (trial 2 of its processes); then retired: &lt;b&gt;leak" in text

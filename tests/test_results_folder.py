@@ -1,5 +1,6 @@
 """The results folder: zerotune writes only into its own, --overwrite removes only what it made,
 one tuning holds a folder at a time, and `zerotune show` tells an unfinished tuning apart."""
+
 import json
 import os
 import subprocess
@@ -38,15 +39,30 @@ def test_overwrite_of_a_python_api_string_is_refused_before_anything_is_deleted(
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == before
 
 
-@pytest.mark.parametrize("argument, value", [("overwrite", "no"), ("warm_trials", "no"), ("num_gpus", "2"),
-                                             ("num_gpus", 2.5), ("retry_failed", 1), ("on_event", 5),
-                                             ("trial_timeout", "10"), ("max_concurrent_trials", True)])
+@pytest.mark.parametrize(
+    "argument, value",
+    [
+        ("overwrite", "no"),
+        ("warm_trials", "no"),
+        ("num_gpus", "2"),
+        ("num_gpus", 2.5),
+        ("retry_failed", 1),
+        ("on_event", 5),
+        ("trial_timeout", "10"),
+        ("max_concurrent_trials", True),
+    ],
+)
 def test_python_api_arguments_are_checked_once_and_named(tmp_path, script, make_config, gpu_node, argument, value):
     from fakes import FakeLauncher
     from zerotune import Autotuner
 
-    given = {"num_gpus": 2, "results_dir": tmp_path / "r", "launcher": FakeLauncher(), "node": gpu_node,
-             argument: value}
+    given = {
+        "num_gpus": 2,
+        "results_dir": tmp_path / "r",
+        "launcher": FakeLauncher(),
+        "node": gpu_node,
+        argument: value,
+    }
     with pytest.raises(ValueError, match=f"{argument}=") as info:
         Autotuner([str(script), "--deepspeed_config", str(make_config())], **given)
     assert isinstance(info.value, ZerotuneError) and not (tmp_path / "r").exists()
@@ -80,8 +96,11 @@ def test_the_cli_refuses_a_foreign_folder_with_one_message(tmp_path):
     (box / "mine" / "summary.txt").write_text("keep")
     (box / "train.py").write_text(SCRIPT)
     (box / "ds.json").write_text(json.dumps(CONFIG))
-    out = run_cli(["tune", "--num-gpus", "2", "--results-dir", "mine", "train.py", "--deepspeed_config", "ds.json"],
-                  box, box / "elsewhere")
+    out = run_cli(
+        ["tune", "--num-gpus", "2", "--results-dir", "mine", "train.py", "--deepspeed_config", "ds.json"],
+        box,
+        box / "elsewhere",
+    )
     assert out.code == 2 and not out.traceback and out.err.count("\n") == 1, out.err
     assert "not zerotune's" in out.err and "summary.txt" in out.err
     assert (box / "mine" / "summary.txt").read_text() == "keep" and not out.escaped
@@ -108,10 +127,19 @@ def test_empty_new_and_own_folders_are_accepted(tmp_path):
 def test_a_second_tuning_of_the_same_folder_is_refused_with_the_first_ones_pid(tuner_factory, tmp_path):
     root = tmp_path / "results"
     tuner_factory(memory="6GiB").tune()
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom zerotune.results_folder import FolderLock\n"
-                               "lock = FolderLock(__import__('pathlib').Path(sys.argv[1]))\nlock.acquire()\n"
-                               "print('held', flush=True)\n"
-                               "time.sleep(600)", str(root)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom zerotune.results_folder import FolderLock\n"
+            "lock = FolderLock(__import__('pathlib').Path(sys.argv[1]))\nlock.acquire()\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)",
+            str(root),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         record = json.loads((root / "tuning.json").read_text())

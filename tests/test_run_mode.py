@@ -1,4 +1,5 @@
 """``zerotune run``'s rank process (the probe in run mode): what it does after the user's script."""
+
 import json
 import os
 import subprocess
@@ -33,11 +34,20 @@ def test_a_group_the_script_left_alive_is_destroyed_before_the_interpreter_exits
     script.write_text(SCRIPT.format(end=end))
     seen, log, upload = tmp_path / "at_exit.txt", tmp_path / "train.log", tmp_path / "upload.txt"
     spec = tmp_path / "run_probe.json"
-    spec.write_text(json.dumps({"mode": "run", "script": str(script), "local_rank_arg": False,
-                                "args": [str(tmp_path / "store"), str(seen), str(log), str(upload)]}))
+    spec.write_text(
+        json.dumps(
+            {
+                "mode": "run",
+                "script": str(script),
+                "local_rank_arg": False,
+                "args": [str(tmp_path / "store"), str(seen), str(log), str(upload)],
+            }
+        )
+    )
     env = {**os.environ, "ZEROTUNE_PROBE": str(spec)}
-    proc = subprocess.run([sys.executable, "-m", "zerotune.probe"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "zerotune.probe"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == (3 if "3" in end else 0), proc.stderr
     # A failed script's group is left as it was: a rank stuck in a collective must not be
     # made to wait on it; the launcher ends the ranks.

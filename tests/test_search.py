@@ -1,4 +1,5 @@
 """Search decisions against a synthetic machine (fake launcher): no processes start."""
+
 from collections import Counter
 
 import pytest
@@ -31,8 +32,12 @@ def test_largest_fitting_micro_batch_per_stage_with_at_most_one_oom(tuner_factor
 
 def test_jumps_to_the_boundary_instead_of_doubling(tuner_factory):
     machine = FakeMachine(static={0: 1000 * 1024**2}, per_sample=50 * 1024**2)
-    tuner = tuner_factory(memory="6GiB", machine=machine, config={"zero_optimization": {"stage": 0}},
-                          autotuning={"max_train_batch_size": 1024, "max_train_micro_batch_size_per_gpu": 512})
+    tuner = tuner_factory(
+        memory="6GiB",
+        machine=machine,
+        config={"zero_optimization": {"stage": 0}},
+        autotuning={"max_train_batch_size": 1024, "max_train_micro_batch_size_per_gpu": 512},
+    )
     result = tuner.tune()
     # Candidates are powers of two up to 512; 64 is the largest that fits (1000 + 50 * 64 MiB).
     # From the first guess (16) the memory fit jumps straight there: no doubling, no OOM.
@@ -72,14 +77,18 @@ def test_within_noise_prefers_memory_headroom_near_the_budget(tuner_factory, tmp
     # Far below the budget (stage 1 at 46% of 8 GiB) the headroom buys nothing: the fastest stands.
     result = tuner_factory(machine=machine, results_dir=tmp_path / "roomy", config=config).tune()
     assert result.best.spec.stage == 1
-    assert any("z2_mb8_gas4 has more memory headroom, but z1_mb8_gas4's peak is 46% of the memory budget, "
-               "below the 75% where headroom is weighed, so the fastest stands" in n for n in result.notes)
+    assert any(
+        "z2_mb8_gas4 has more memory headroom, but z1_mb8_gas4's peak is 46% of the memory budget, "
+        "below the 75% where headroom is weighed, so the fastest stands" in n
+        for n in result.notes
+    )
 
 
 def test_clear_winner_is_not_overridden_by_headroom(tuner_factory):
     machine = FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)
-    result = tuner_factory(machine=machine, config={"zero_optimization": {"stage": [1, 2]},
-                                                    "train_micro_batch_size_per_gpu": 8}).tune()
+    result = tuner_factory(
+        machine=machine, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+    ).tune()
     assert result.best.spec.stage == 1
 
 
@@ -106,8 +115,12 @@ def test_what_an_oom_held_prunes_smaller_micro_batches_that_cannot_fit(tuner_fac
     that the smaller one cannot fit: it is pruned, with why, not launched."""
     mib = 1024**2
     machine = FakeMachine(static={0: 100 * mib, 1: 100 * mib}, lazy={1: 4000 * mib}, per_sample=10 * mib)
-    tuner = tuner_factory(memory="1GiB", machine=machine, config={"zero_optimization": {"stage": [0, 1]}},
-                          autotuning={"min_train_micro_batch_size_per_gpu": 2, "max_train_micro_batch_size_per_gpu": 8})
+    tuner = tuner_factory(
+        memory="1GiB",
+        machine=machine,
+        config={"zero_optimization": {"stage": [0, 1]}},
+        autotuning={"min_train_micro_batch_size_per_gpu": 2, "max_train_micro_batch_size_per_gpu": 8},
+    )
     result = tuner.tune()
     stage1 = [t for t in result.trials if t.spec.stage == 1]
     assert [(t.spec.micro_batch, t.state) for t in stage1] == [(8, TrialState.OOM), (2, TrialState.PRUNED)]
@@ -122,9 +135,12 @@ def test_an_oom_far_above_the_smaller_micro_batches_does_not_prune_them(tuner_fa
     and 4 fits."""
     mib = 1024**2
     machine = FakeMachine(static={0: 100 * mib}, per_sample=100 * mib)
-    result = tuner_factory(memory="1GiB", machine=machine, config={"zero_optimization": {"stage": 0}},
-                           autotuning={"min_train_micro_batch_size_per_gpu": 4,
-                                       "max_train_micro_batch_size_per_gpu": 64}).tune()
+    result = tuner_factory(
+        memory="1GiB",
+        machine=machine,
+        config={"zero_optimization": {"stage": 0}},
+        autotuning={"min_train_micro_batch_size_per_gpu": 4, "max_train_micro_batch_size_per_gpu": 64},
+    ).tune()
     assert not any(t.state is TrialState.PRUNED and "needs at least" in t.reason for t in result.trials)
     assert result.best.spec.micro_batch == 8  # 100 + 8 * 100 = 900 MiB <= 1024; 16 does not fit
 
@@ -169,15 +185,20 @@ def test_stages_that_cannot_win_get_no_more_trials(tuner_factory):
 
 def test_why_lost_names_the_real_reason(tuner_factory):
     machine = FakeMachine(speed={1: 1.006, 2: 1.0}, rel_ci=0.01)
-    result = tuner_factory(machine=machine, memory=TIGHT_MEMORY, config={"zero_optimization": {"stage": [1, 2]},
-                                                    "train_micro_batch_size_per_gpu": 8}).tune()
+    result = tuner_factory(
+        machine=machine,
+        memory=TIGHT_MEMORY,
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+    ).tune()
     (loser,) = [t for t in result.trials if t is not result.best]
     # Both were measured again side by side (a confirmed choice): the reason reads those figures.
     assert result.why_lost(loser) == f"re-measured: within noise of {result.best.name}, which has more memory headroom"
     machine = FakeMachine(speed={1: 1.0, 2: 1.006}, rel_ci=0.01)
-    result = tuner_factory(machine=machine, results_dir=result.results_dir.parent / "r2",
-                           config={"zero_optimization": {"stage": [1, 2]},
-                                   "train_micro_batch_size_per_gpu": 8}).tune()
+    result = tuner_factory(
+        machine=machine,
+        results_dir=result.results_dir.parent / "r2",
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+    ).tune()
     (loser,) = [t for t in result.trials if t is not result.best]
     assert "which measured better" in result.why_lost(loser)
 
@@ -211,8 +232,9 @@ def test_a_known_parameter_count_prunes_stages_by_model_states_before_any_trial(
     blind = tuner_factory(memory="1.3GiB", machine=machine, results_dir=tmp_path / "blind")
     blind.tune()
     assert {1, 2} <= {j.spec.stage for j in blind.launcher.jobs}  # launched only to run out of memory
-    told = tuner_factory({"model_info": {"num_params": 100_000_000}}, memory="1.3GiB", machine=machine,
-                         results_dir=tmp_path / "told")
+    told = tuner_factory(
+        {"model_info": {"num_params": 100_000_000}}, memory="1.3GiB", machine=machine, results_dir=tmp_path / "told"
+    )
     result = told.tune()
     assert not {1, 2} & {j.spec.stage for j in told.launcher.jobs}
     pruned = [t for t in result.trials if t.spec.stage in (1, 2)]
@@ -221,8 +243,11 @@ def test_a_known_parameter_count_prunes_stages_by_model_states_before_any_trial(
 
 
 def stage_launches(tuner, stage):
-    return [j.spec.micro_batch for j in tuner.launcher.jobs
-            if j.spec.stage == stage and not j.trial_dir.name.startswith("confirm")]
+    return [
+        j.spec.micro_batch
+        for j in tuner.launcher.jobs
+        if j.spec.stage == stage and not j.trial_dir.name.startswith("confirm")
+    ]
 
 
 TWIN_STAGES = {"zero_optimization": {"stage": [0, 1]}}
@@ -237,8 +262,11 @@ def test_stage_1_follows_stage_0_s_best_micro_batch(tuner_factory):
     result = tuner.tune()
     assert stage_launches(tuner, 0) == [8, 32, 16] and stage_launches(tuner, 1) == [32, 16]
     assert result.best.name == "z0_mb16_gas2"
-    assert any(n.startswith("stage 1: micro-batches below 32 follow stage 0's") and n.endswith(
-        "stage 0's best is 16; measured that one") for n in result.notes)
+    assert any(
+        n.startswith("stage 1: micro-batches below 32 follow stage 0's")
+        and n.endswith("stage 0's best is 16; measured that one")
+        for n in result.notes
+    )
 
 
 def test_stage_0_follows_stage_1_and_nothing_is_measured_twice(tuner_factory):

@@ -1,4 +1,5 @@
 """One suite every knob searcher passes (as Optuna tests every sampler), plus early stopping."""
+
 import math
 
 import pytest
@@ -13,16 +14,25 @@ CG = "zero_optimization.contiguous_gradients"
 
 
 def space(**kw):
-    dims = (Dimension(RBS, (5e7, 5e8, 1e9)), Dimension(OC, (True, False)), Dimension(CG, (False, True)),
-            Dimension(MICRO_BATCH, (2, 4, 8, 16)))
+    dims = (
+        Dimension(RBS, (5e7, 5e8, 1e9)),
+        Dimension(OC, (True, False)),
+        Dimension(CG, (False, True)),
+        Dimension(MICRO_BATCH, (2, 4, 8, 16)),
+    )
     return Space(stage=2, dims=dims, global_batch=64, dp=2, **kw)
 
 
 def landscape(spec: TrialSpec) -> float:
     """Throughput: rises with the micro-batch, best at rbs 5e8 with overlap on; 16 does not fit."""
     k = dict(spec.overrides)
-    return (100 * (1 - math.exp(-spec.micro_batch / 4)) * (1.15 if k[OC] else 1.0)
-            * (1.0 if k[RBS] == 5e8 else 0.9) * (1.03 if k[CG] else 1.0))
+    return (
+        100
+        * (1 - math.exp(-spec.micro_batch / 4))
+        * (1.15 if k[OC] else 1.0)
+        * (1.0 if k[RBS] == 5e8 else 0.9)
+        * (1.03 if k[CG] else 1.0)
+    )
 
 
 def measure(spec: TrialSpec) -> TrialResult:
@@ -30,9 +40,18 @@ def measure(spec: TrialSpec) -> TrialResult:
         return TrialResult(spec=spec, state=TrialState.OOM, reason="CUDA out of memory")
     samples = spec.micro_batch * spec.grad_accum * 2
     step = samples / landscape(spec)
-    return TrialResult(spec=spec, state=TrialState.OK, measurement=Measurement(
-        samples_per_step=samples, step_time_mean=step, step_time_std=0.0, step_time_ci95=step * 0.005,
-        steps_measured=10, stable=True))
+    return TrialResult(
+        spec=spec,
+        state=TrialState.OK,
+        measurement=Measurement(
+            samples_per_step=samples,
+            step_time_mean=step,
+            step_time_std=0.0,
+            step_time_ci95=step * 0.005,
+            steps_measured=10,
+            stable=True,
+        ),
+    )
 
 
 def run(searcher, limit=1000):
@@ -54,6 +73,7 @@ BEST = max((p for p in space() if p.micro_batch != 16), key=landscape)
 def make(request):
     def make(**kw):
         return SEARCHERS[request.param](space(), metric="throughput", seed=kw.pop("seed", 0), **kw)
+
     make.kind = request.param
     return make
 
@@ -70,8 +90,9 @@ def test_same_seed_same_trials_so_a_rerun_resumes(make):
 
 
 def test_points_failing_the_check_are_pruned_not_launched(make):
-    launched, pruned = run(make(check=lambda spec: "predicted 9 GiB > budget 8 GiB" if spec.micro_batch == 16
-                                else None))
+    launched, pruned = run(
+        make(check=lambda spec: "predicted 9 GiB > budget 8 GiB" if spec.micro_batch == 16 else None)
+    )
     assert all(p.micro_batch == 16 for p in pruned) and len(pruned) == 12
     assert not [p for p in launched if p.micro_batch == 16]
 
@@ -93,8 +114,9 @@ def test_model_based_starts_from_the_prior_and_needs_fewer_trials_than_grid():
 
     def trials_to_best(kind, seed):
         launched, _ = run(SEARCHERS[kind](space(), metric="throughput", seed=seed))
-        return next(i + 1 for i, p in enumerate(launched) if landscape(p) >= 0.98 * landscape(BEST)
-                    and p.micro_batch != 16)
+        return next(
+            i + 1 for i, p in enumerate(launched) if landscape(p) >= 0.98 * landscape(BEST) and p.micro_batch != 16
+        )
 
     model = sum(trials_to_best("model_based", s) for s in range(3)) / 3
     grid = trials_to_best("gridsearch", 0)
@@ -103,16 +125,25 @@ def test_model_based_starts_from_the_prior_and_needs_fewer_trials_than_grid():
 
 def ok(value, ci=0.01):
     spec = TrialSpec(stage=2, micro_batch=4)
-    return TrialResult(spec=spec, state=TrialState.OK, measurement=Measurement(
-        samples_per_step=int(value), step_time_mean=1.0, step_time_std=0.0, step_time_ci95=ci, steps_measured=5,
-        stable=True))
+    return TrialResult(
+        spec=spec,
+        state=TrialState.OK,
+        measurement=Measurement(
+            samples_per_step=int(value),
+            step_time_mean=1.0,
+            step_time_std=0.0,
+            step_time_ci95=ci,
+            steps_measured=5,
+            stable=True,
+        ),
+    )
 
 
 def test_early_stopping_counts_trials_without_a_real_improvement():
     stop = EarlyStopping(3, "throughput", best=ok(100))
-    assert not stop.observe(ok(100))   # equal: 1
-    assert not stop.observe(ok(101))   # better within noise (1%): 2, but it becomes the best
-    assert not stop.observe(ok(120))   # a real improvement: reset
+    assert not stop.observe(ok(100))  # equal: 1
+    assert not stop.observe(ok(101))  # better within noise (1%): 2, but it becomes the best
+    assert not stop.observe(ok(120))  # a real improvement: reset
     assert not stop.observe(TrialResult(spec=TrialSpec(stage=2, micro_batch=8), state=TrialState.PRUNED))
     assert not stop.observe(TrialResult(spec=TrialSpec(stage=2, micro_batch=8), state=TrialState.OOM))
     assert not stop.observe(ok(90))

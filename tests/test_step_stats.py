@@ -1,5 +1,6 @@
 """The t quantiles behind every interval: exact at whole degrees of freedom, just above the true
 quantile between them (Welch-Satterthwaite's fractions) and beyond the table."""
+
 import math
 import random
 import statistics

@@ -1,4 +1,5 @@
 """Predict, then verify: the throughput model, its error, and pruning of predicted losers."""
+
 import math
 
 import pytest
@@ -12,10 +13,19 @@ from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
 def measured(stage, mb, tau, overrides=(), rel=0.0):
     """A trial whose time per sample is ``tau`` seconds (64 samples per step), measured to a 95%
     interval of ``rel`` of it."""
-    m = Measurement(samples_per_step=64, step_time_mean=64 * tau, step_time_std=0.0, step_time_ci95=64 * tau * rel,
-                    steps_measured=5, stable=True)
-    return TrialResult(spec=TrialSpec(stage=stage, micro_batch=mb, grad_accum=64 // (2 * mb), overrides=overrides),
-                       state=TrialState.OK, measurement=m)
+    m = Measurement(
+        samples_per_step=64,
+        step_time_mean=64 * tau,
+        step_time_std=0.0,
+        step_time_ci95=64 * tau * rel,
+        steps_measured=5,
+        stable=True,
+    )
+    return TrialResult(
+        spec=TrialSpec(stage=stage, micro_batch=mb, grad_accum=64 // (2 * mb), overrides=overrides),
+        state=TrialState.OK,
+        measurement=m,
+    )
 
 
 def tau(p, q, mb):
@@ -114,8 +124,9 @@ def test_the_error_is_the_largest_seen_and_pruning_waits_for_verification():
 def test_failed_trials_teach_and_verify_nothing():
     model = ThroughputModel()
     model.observe(TrialResult(spec=TrialSpec(stage=0, micro_batch=8), state=TrialState.OOM))
-    model.verify("x", Prediction(100.0, ""), TrialResult(spec=TrialSpec(stage=0, micro_batch=8),
-                                                         state=TrialState.CRASHED))
+    model.verify(
+        "x", Prediction(100.0, ""), TrialResult(spec=TrialSpec(stage=0, micro_batch=8), state=TrialState.CRASHED)
+    )
     assert model.points == {} and model.errors == []
 
 
@@ -135,28 +146,37 @@ class InOrder(Searcher):
 def test_predicted_losers_are_pruned_once_the_model_is_verified(tuner_factory):
     machine = FakeMachine(rel_ci=0.01)  # throughput rises with the micro-batch, saturating
     order = [32, 4, 16, 8, 2, 1]
-    tuner = tuner_factory(machine=machine, searcher=InOrder(TrialSpec(stage=1, micro_batch=mb,
-                                                                      grad_accum=64 // (2 * mb)) for mb in order),
-                          config={"zero_optimization": {"stage": 1}})
+    tuner = tuner_factory(
+        machine=machine,
+        searcher=InOrder(TrialSpec(stage=1, micro_batch=mb, grad_accum=64 // (2 * mb)) for mb in order),
+        config={"zero_optimization": {"stage": 1}},
+    )
     result = tuner.tune()
     states = {t.spec.micro_batch: t for t in result.trials}
     # 32 and 4 fit the curve; 16 and 8 are predicted and verified; then 2 and 1 are predicted far
     # below the best beyond the model's error, and never launched.
     assert [j.spec.micro_batch for j in tuner.launcher.jobs] == [32, 4, 16, 8]
-    assert all(states[mb].state is TrialState.PRUNED and states[mb].reason.startswith("throughput model")
-               and "stays below z1_mb32_gas1" in states[mb].reason for mb in (2, 1))
+    assert all(
+        states[mb].state is TrialState.PRUNED
+        and states[mb].reason.startswith("throughput model")
+        and "stays below z1_mb32_gas1" in states[mb].reason
+        for mb in (2, 1)
+    )
     assert states[16].predicted is not None and states[32].predicted is None
     assert result.best.spec.micro_batch == 32  # the fastest of the whole sweep
     note = next(n for n in result.notes if n.startswith("throughput model, predicted/measured"))
     assert "z1_mb16_gas2" in note and "over 2 trial(s)" in note
     lines = (tuner.results_dir / "summary.txt").read_text().splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("trial "))
-    assert "predicted" in lines[header] and any(line.startswith("z1_mb2_gas16") and "pruned" in line
-                                                for line in lines[header:])
+    assert "predicted" in lines[header] and any(
+        line.startswith("z1_mb2_gas16") and "pruned" in line for line in lines[header:]
+    )
     # A rerun replays the same decisions from disk: nothing is launched, the same trials are pruned.
-    again = tuner_factory(machine=machine, searcher=InOrder(TrialSpec(stage=1, micro_batch=mb,
-                                                                      grad_accum=64 // (2 * mb)) for mb in order),
-                          config={"zero_optimization": {"stage": 1}})
+    again = tuner_factory(
+        machine=machine,
+        searcher=InOrder(TrialSpec(stage=1, micro_batch=mb, grad_accum=64 // (2 * mb)) for mb in order),
+        config={"zero_optimization": {"stage": 1}},
+    )
     assert [t.state for t in again.tune().trials] == [t.state for t in result.trials] and not again.launcher.jobs
 
 
@@ -165,17 +185,28 @@ def test_a_prediction_resting_on_a_noisy_trial_does_not_prune_the_winner(tuner_f
     noisy hour), so the line through them predicts 23.2 samples/s at 8, where the config then
     measured 31.1 and was chosen. The model's error so far (8%) would not have saved it: the
     interval its trials give the prediction does."""
-    figures = {"z0_mb32_gas1": (30.0, 0.02), "z0_mb16_gas2": (29.5, 0.02), "z0_mb8_gas4": (28.5, 0.02),
-               "z1_mb32_gas1": (30.3, 0.09), "z1_mb16_gas2": (27.5, 0.29), "z1_mb8_gas4": (31.1, 0.03)}
+    figures = {
+        "z0_mb32_gas1": (30.0, 0.02),
+        "z0_mb16_gas2": (29.5, 0.02),
+        "z0_mb8_gas4": (28.5, 0.02),
+        "z1_mb32_gas1": (30.3, 0.09),
+        "z1_mb16_gas2": (27.5, 0.29),
+        "z1_mb8_gas4": (31.1, 0.03),
+    }
     order = [(0, 32), (0, 16), (0, 8), (1, 32), (1, 16), (1, 8)]
-    tuner = tuner_factory(machine=FakeMachine(figures=figures),
-                          searcher=InOrder(TrialSpec(stage=s, micro_batch=mb, grad_accum=64 // (2 * mb))
-                                           for s, mb in order), config={"zero_optimization": {"stage": [0, 1]}})
+    tuner = tuner_factory(
+        machine=FakeMachine(figures=figures),
+        searcher=InOrder(TrialSpec(stage=s, micro_batch=mb, grad_accum=64 // (2 * mb)) for s, mb in order),
+        config={"zero_optimization": {"stage": [0, 1]}},
+    )
     result = tuner.tune()
     trials = {t.name: t for t in result.trials}
     assert [j.spec.name for j in tuner.launcher.jobs][:6] == list(figures)  # then the confirmation's
     assert trials["z1_mb8_gas4"].predicted == pytest.approx(1 / (3 / 27.5 - 2 / 30.3))
-    errors = [abs(t.predicted - t.measurement.throughput) / t.measurement.throughput
-              for t in result.trials if t.predicted is not None and t.name != "z1_mb8_gas4"]
+    errors = [
+        abs(t.predicted - t.measurement.throughput) / t.measurement.throughput
+        for t in result.trials
+        if t.predicted is not None and t.name != "z1_mb8_gas4"
+    ]
     assert len(errors) >= 2 and trials["z1_mb8_gas4"].predicted * (1 + max(errors + [ERROR_FLOOR])) < 30.3 * 0.91
     assert result.best.name == "z1_mb8_gas4"

@@ -1,4 +1,5 @@
 """Experiment tracking from tuning events: MLflow against a local store, TensorBoard scalars."""
+
 import pytest
 
 from fakes import FakeLauncher, FakeMachine
@@ -8,9 +9,15 @@ from zerotune.trial import TrialState
 
 
 def tune_with(tmp_path, make_config, gpu_node, script, tracker):
-    tuner = Autotuner([str(script), "--deepspeed_config", str(make_config())], num_gpus=2, memory_per_device="5GiB",
-                      launcher=FakeLauncher(FakeMachine()), node=gpu_node, results_dir=tmp_path / "results",
-                      on_event=tracker)
+    tuner = Autotuner(
+        [str(script), "--deepspeed_config", str(make_config())],
+        num_gpus=2,
+        memory_per_device="5GiB",
+        launcher=FakeLauncher(FakeMachine()),
+        node=gpu_node,
+        results_dir=tmp_path / "results",
+        on_event=tracker,
+    )
     tracker.start(tuner)
     result = tuner.tune()
     tracker.end(result)

@@ -1,4 +1,5 @@
 """Issue 'trust the results': each numbered way the results could be wrong, with the fake launcher."""
+
 import json
 import shlex
 
@@ -15,8 +16,9 @@ from zerotune.trial import TrialSpec, TrialState
 def test_optimizer_and_scheduler_lists_pass_through_untouched(tuner_factory, tmp_path):
     opt = {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.999]}}
     sched = {"type": "WarmupLR", "params": {"warmup_min_lr": [0, 0.1]}}
-    tuner = tuner_factory(memory="6GiB", config={"optimizer": opt, "scheduler": sched,
-                                                 "elasticity": {"micro_batch_sizes": [2, 4]}})
+    tuner = tuner_factory(
+        memory="6GiB", config={"optimizer": opt, "scheduler": sched, "elasticity": {"micro_batch_sizes": [2, 4]}}
+    )
     result = tuner.tune()
     assert user_dimensions(tuner.request.space_config) == []
     optimal = json.loads((tmp_path / "results" / "ds_config_optimal.json").read_text())
@@ -35,8 +37,16 @@ def test_a_list_of_lists_is_a_value():
 # 6. The order of an offload list never decides which stages are measured.
 @pytest.mark.parametrize("devices", [["cpu", "none"], ["none", "cpu"]])
 def test_offload_list_order_does_not_prune_stages(tuner_factory, devices):
-    tuner = tuner_factory(memory="16GiB", config={"zero_optimization": {
-        "stage": "all", "offload_param": {"device": devices}, "offload_optimizer": {"device": devices}}})
+    tuner = tuner_factory(
+        memory="16GiB",
+        config={
+            "zero_optimization": {
+                "stage": "all",
+                "offload_param": {"device": devices},
+                "offload_optimizer": {"device": devices},
+            }
+        },
+    )
     result = tuner.tune()
     measured = {t.spec.stage for t in result.trials if t.state is TrialState.OK}
     dominated = {t.spec.stage for t in result.trials if t.state is TrialState.PRUNED and "stage 2 fits" in t.reason}
@@ -63,10 +73,14 @@ def test_bad_batch_values_are_refused(key, value):
 # 8. Trial folder names are safe and unique.
 def test_listed_values_never_escape_the_results_folder(tuner_factory, tmp_path):
     outside = tmp_path / "x"
-    tuner = tuner_factory(memory="6GiB", config={"tensorboard": {"job_name": ["a", "../../../../" + str(outside),
-                                                                             "a/b", "a_b"]},
-                                                 "zero_optimization": {"stage": 0}},
-                          autotuning={"fast": False, "tuner_num_trials": 40, "tuner_early_stopping": 40})
+    tuner = tuner_factory(
+        memory="6GiB",
+        config={
+            "tensorboard": {"job_name": ["a", "../../../../" + str(outside), "a/b", "a_b"]},
+            "zero_optimization": {"stage": 0},
+        },
+        autotuning={"fast": False, "tuner_num_trials": 40, "tuner_early_stopping": 40},
+    )
     result = tuner.tune()
     root = tmp_path / "results"
     names = [t.name for t in result.trials]
@@ -117,9 +131,14 @@ def test_another_trial_environment_reruns_every_trial(tmp_path, script, make_con
     from zerotune.hardware import Node
 
     def tune():
-        tuner = Autotuner([str(script), "--deepspeed_config", str(make_config())], num_gpus=2,
-                          memory_per_device="6GiB", launcher=FakeLauncher(), node=Node("cpu", 0, 0, 64 * 1024**3),
-                          results_dir=tmp_path / "r")
+        tuner = Autotuner(
+            [str(script), "--deepspeed_config", str(make_config())],
+            num_gpus=2,
+            memory_per_device="6GiB",
+            launcher=FakeLauncher(),
+            node=Node("cpu", 0, 0, 64 * 1024**3),
+            results_dir=tmp_path / "r",
+        )
         tuner.tune()
         return tuner
 
@@ -158,8 +177,14 @@ def test_moving_the_config_file_reuses_everything(tuner_factory, tmp_path, scrip
     moved = tmp_path / "elsewhere" / "ds.json"
     moved.parent.mkdir()
     moved.write_text((tmp_path / "ds.json").read_text())
-    again = Autotuner([str(script), "--deepspeed_config", str(moved)], num_gpus=2, memory_per_device="6GiB",
-                      launcher=FakeLauncher(), node=gpu_node, results_dir=tmp_path / "results")
+    again = Autotuner(
+        [str(script), "--deepspeed_config", str(moved)],
+        num_gpus=2,
+        memory_per_device="6GiB",
+        launcher=FakeLauncher(),
+        node=gpu_node,
+        results_dir=tmp_path / "results",
+    )
     again.tune()
     assert again.launcher.jobs == []
     stored = sum(1 for t in first.result.trials if t.state is not TrialState.PRUNED)
@@ -221,8 +246,9 @@ def test_an_interrupted_tuning_leaves_no_earlier_choice_beside_its_record(tuner_
     tuner_factory(memory="6GiB").tune()
     root = tmp_path / "results"
     with pytest.raises(KeyboardInterrupt):
-        tuner_factory(memory="6GiB", launcher=FakeLauncher(interrupt_at=0),
-                      config={"zero_optimization": {"stage": [2, 3]}}).tune()
+        tuner_factory(
+            memory="6GiB", launcher=FakeLauncher(interrupt_at=0), config={"zero_optimization": {"stage": [2, 3]}}
+        ).tune()
     assert not (root / "ds_config_optimal.json").exists() and not (root / "summary.txt").exists()
     assert json.loads((root / "tuning.json").read_text())["state"] == "interrupted"
 
@@ -242,8 +268,14 @@ def test_second_tune_on_the_same_object_resumes(tuner_factory, tmp_path):
 def test_multinode_command_names_every_host(tmp_path, script, make_config, gpu_node):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("worker-0 slots=2\nworker-1 slots=2\n")
-    tuner = Autotuner([str(script), "--deepspeed_config", str(make_config())], hostfile=hostfile,
-                      memory_per_device="6GiB", results_dir=tmp_path / "r", launcher=FakeLauncher(), node=gpu_node)
+    tuner = Autotuner(
+        [str(script), "--deepspeed_config", str(make_config())],
+        hostfile=hostfile,
+        memory_per_device="6GiB",
+        results_dir=tmp_path / "r",
+        launcher=FakeLauncher(),
+        node=gpu_node,
+    )
     result = tuner.tune()
     assert tuner.world == 4 and result.best_config["train_batch_size"] == 64
     words = shlex.split((tmp_path / "r" / "cmd_optimal.txt").read_text(), comments=True)
@@ -254,9 +286,15 @@ def test_multinode_command_names_every_host(tmp_path, script, make_config, gpu_n
 def test_multinode_torchrun_command_runs_on_each_node(tmp_path, script, make_config, gpu_node):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("worker-0 slots=2\nworker-1 slots=2\n")
-    tuner = Autotuner([str(script), "--deepspeed_config", str(make_config())], hostfile=hostfile,
-                      multinode_launcher="torchrun", memory_per_device="6GiB", results_dir=tmp_path / "r",
-                      launcher=FakeLauncher(), node=gpu_node)
+    tuner = Autotuner(
+        [str(script), "--deepspeed_config", str(make_config())],
+        hostfile=hostfile,
+        multinode_launcher="torchrun",
+        memory_per_device="6GiB",
+        results_dir=tmp_path / "r",
+        launcher=FakeLauncher(),
+        node=gpu_node,
+    )
     tuner.tune()
     text = (tmp_path / "r" / "cmd_optimal.txt").read_text()
     assert "worker-0 worker-1" in text and "--nnodes=2" in text and "--node-rank=${NODE_RANK}" in text
@@ -271,8 +309,14 @@ def test_run_after_tuning_starts_on_the_tuned_topology(tmp_path, script, make_co
     hostfile = tmp_path / "hosts"
     hostfile.write_text("worker-0 slots=2\nworker-1 slots=2\n")
     launcher = Recording()
-    tuner = Autotuner([str(script), "--deepspeed_config", str(make_config())], hostfile=hostfile,
-                      memory_per_device="6GiB", results_dir=tmp_path / "r", launcher=launcher, node=gpu_node)
+    tuner = Autotuner(
+        [str(script), "--deepspeed_config", str(make_config())],
+        hostfile=hostfile,
+        memory_per_device="6GiB",
+        results_dir=tmp_path / "r",
+        launcher=launcher,
+        node=gpu_node,
+    )
     tuner.tune()
     assert tuner.run_after_tuning() == 0
     spec, num_gpus = launcher.ran
@@ -280,12 +324,15 @@ def test_run_after_tuning_starts_on_the_tuned_topology(tmp_path, script, make_co
 
 
 # 11. Oversized numbers are refused before anything is built from them.
-@pytest.mark.parametrize("kw, match", [
-    ({"trial_timeout": float("nan")}, "trial_timeout"),
-    ({"stall_timeout": float("inf")}, "stall_timeout"),
-    ({"memory": "1e400GB"}, "memory-per-device"),
-    ({"precision": float("nan")}, "precision"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"trial_timeout": float("nan")}, "trial_timeout"),
+        ({"stall_timeout": float("inf")}, "stall_timeout"),
+        ({"memory": "1e400GB"}, "memory-per-device"),
+        ({"precision": float("nan")}, "precision"),
+    ],
+)
 def test_absurd_settings_are_refused(tuner_factory, kw, match):
     with pytest.raises(ConfigError, match=match):
         tuner_factory(**kw)
@@ -295,12 +342,16 @@ def test_a_billion_processes_are_refused_before_anything_is_built(tmp_path, scri
     from zerotune.hardware import Node
 
     with pytest.raises(ConfigError, match="--num-gpus 1000000000 is out of range"):
-        Autotuner([str(script), "--deepspeed_config", str(make_config())], num_gpus=1_000_000_000,
-                  node=Node("cpu", 0, None, 8 * 1024**3), launcher=FakeLauncher(), results_dir=tmp_path / "r")
+        Autotuner(
+            [str(script), "--deepspeed_config", str(make_config())],
+            num_gpus=1_000_000_000,
+            node=Node("cpu", 0, None, 8 * 1024**3),
+            launcher=FakeLauncher(),
+            results_dir=tmp_path / "r",
+        )
 
 
-@pytest.mark.parametrize("autotuning", [{"max_train_micro_batch_size_per_gpu": 1e11},
-                                        {"max_train_batch_size": 10**15}])
+@pytest.mark.parametrize("autotuning", [{"max_train_micro_batch_size_per_gpu": 1e11}, {"max_train_batch_size": 10**15}])
 def test_absurd_autotuning_sizes_are_refused(tuner_factory, autotuning):
     with pytest.raises(ConfigError, match="less than or equal"):
         tuner_factory(autotuning=autotuning)

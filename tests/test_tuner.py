@@ -1,4 +1,5 @@
 """The tuning loop with the fake launcher: outputs, resume, interruption, events, the API."""
+
 import json
 import shlex
 import subprocess
@@ -37,8 +38,14 @@ def test_command_is_quoted_for_the_shell(tmp_path, make_config, gpu_node):
     script.parent.mkdir()
     script.write_text("# local_rank\n")
     cfg = make_config()
-    tuner = Autotuner([str(script), "--deepspeed_config", str(cfg), "--name", "a b;c"], num_gpus=2,
-                      memory_per_device="6GiB", results_dir=tmp_path / "r", launcher=FakeLauncher(), node=gpu_node)
+    tuner = Autotuner(
+        [str(script), "--deepspeed_config", str(cfg), "--name", "a b;c"],
+        num_gpus=2,
+        memory_per_device="6GiB",
+        results_dir=tmp_path / "r",
+        launcher=FakeLauncher(),
+        node=gpu_node,
+    )
     tuner.tune()
     words = shlex.split((tmp_path / "r" / "cmd_optimal.txt").read_text())
     assert str(script) in words and "a b;c" in words
@@ -77,8 +84,11 @@ def test_interrupt_keeps_finished_trials_and_rerun_resumes(tuner_factory, tmp_pa
         interrupted.tune()
     assert interrupted.launcher.closed
     assert json.loads((tmp_path / "results" / "tuning.json").read_text())["state"] == "interrupted"
-    launched = [p for p in (tmp_path / "results").glob("*/result.json")
-                if json.loads(p.read_text())["result"]["state"] != "pruned"]
+    launched = [
+        p
+        for p in (tmp_path / "results").glob("*/result.json")
+        if json.loads(p.read_text())["result"]["state"] != "pruned"
+    ]
     assert len(launched) == 3
     resumed = tuner_factory(memory="6GiB")
     resumed.tune()
@@ -109,7 +119,9 @@ def test_write_optimal_config(tuner_factory, tmp_path):
 
 
 def test_import_is_lazy():
-    code = "import sys, zerotune, zerotune.cli; print(any(m in sys.modules for m in ('torch', 'deepspeed', 'lightning')))"
+    code = (
+        "import sys, zerotune, zerotune.cli; print(any(m in sys.modules for m in ('torch', 'deepspeed', 'lightning')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,5 +1,6 @@
 """Warm trials without DeepSpeed's launcher: the rank-side sandbox and leak checks, and the
 tuner-side protocol (orders, done files, retiring) against a fake serving process."""
+
 import atexit
 import json
 import os
@@ -93,6 +94,7 @@ def test_lru_cache_is_found_under_a_closure_decorator():
     def nvtx_like(func):
         def wrapped(*a):
             return func(*a)
+
         return wrapped
 
     wrapped = nvtx_like(cached)
@@ -137,10 +139,19 @@ def job(tmp_path, **kw):
     d = tmp_path / "z1_mb2_gas1"
     d.mkdir(exist_ok=True)
     (d / "probe.json").write_text("{}")
-    base = dict(spec=TrialSpec(stage=1, micro_batch=2), trial_dir=d, script="train.py", script_args=[],
-                local_rank_arg=False, num_gpus=2, budget=None, warmup_steps=1, min_steps=3,
-                measure=MeasureSettings(trial_timeout=60, stall_timeout=30),
-                config={"zero_optimization": {"stage": 1}})
+    base = dict(
+        spec=TrialSpec(stage=1, micro_batch=2),
+        trial_dir=d,
+        script="train.py",
+        script_args=[],
+        local_rank_arg=False,
+        num_gpus=2,
+        budget=None,
+        warmup_steps=1,
+        min_steps=3,
+        measure=MeasureSettings(trial_timeout=60, stall_timeout=30),
+        config={"zero_optimization": {"stage": 1}},
+    )
     return TrialJob(**{**base, **kw})
 
 
@@ -221,8 +232,9 @@ def test_a_silent_group_times_out(tmp_path):
     group = ProcessGroup([sys.executable, "-c", "import signal; signal.pause()"], env=dict(os.environ), log=None)
     warm = WarmGroup(pool=pool, group=group, port=0, signature="s", world=2, started_as="")
     try:
-        result, why = run_in_group(warm, job(tmp_path, measure=MeasureSettings(trial_timeout=0.5)),
-                                   job(tmp_path).trial_dir)
+        result, why = run_in_group(
+            warm, job(tmp_path, measure=MeasureSettings(trial_timeout=0.5)), job(tmp_path).trial_dir
+        )
     finally:
         group.kill()
     assert result.state is TrialState.TIMEOUT and why
@@ -231,17 +243,28 @@ def test_a_silent_group_times_out(tmp_path):
 def test_kind_and_signature():
     assert kind_of({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}) == "z3+offload_param=cpu"
     assert kind_of({}) == "z0"
-    j = TrialJob(spec=TrialSpec(stage=0, micro_batch=1), trial_dir=Path("."), script="s", script_args=[],
-                 local_rank_arg=False, num_gpus=2, budget=None, warmup_steps=1, min_steps=3)
+    j = TrialJob(
+        spec=TrialSpec(stage=0, micro_batch=1),
+        trial_dir=Path("."),
+        script="s",
+        script_args=[],
+        local_rank_arg=False,
+        num_gpus=2,
+        budget=None,
+        warmup_steps=1,
+        min_steps=3,
+    )
     assert signature(j, {"A": "1", "ZEROTUNE_PROBE": "x"}) == signature(j, {"A": "1", "ZEROTUNE_PROBE": "y"})
     assert signature(j, {"A": "1"}) != signature(j, {"A": "2"})
 
 
 def ok_result(peak, state=TrialState.OK, reason=""):
-    m = Measurement(samples_per_step=4, step_time_mean=1.0, step_time_std=0.1, step_time_ci95=0.05,
-                    steps_measured=5, stable=True)
-    return TrialResult(spec=TrialSpec(stage=0, micro_batch=1), state=state, reason=reason, measurement=m,
-                       peak_memory=[peak])
+    m = Measurement(
+        samples_per_step=4, step_time_mean=1.0, step_time_std=0.1, step_time_ci95=0.05, steps_measured=5, stable=True
+    )
+    return TrialResult(
+        spec=TrialSpec(stage=0, micro_batch=1), state=state, reason=reason, measurement=m, peak_memory=[peak]
+    )
 
 
 def testnear_budget_results_are_measured_again_cold():
@@ -257,8 +280,10 @@ def test_trials_are_warm_unless_cold_ones_are_asked_for(tuner_factory):
     tuner.tune()
     assert tuner.launcher.jobs and all(j.warm and not j.cold_reason for j in tuner.launcher.jobs)
     assert tuner.launcher.closed  # the warm processes end with the tuning
-    for cold in (tuner_factory({"warm_trials": False}, results_dir=tuner.results_dir.parent / "b"),
-                 tuner_factory(None, warm_trials=False, results_dir=tuner.results_dir.parent / "c")):
+    for cold in (
+        tuner_factory({"warm_trials": False}, results_dir=tuner.results_dir.parent / "b"),
+        tuner_factory(None, warm_trials=False, results_dir=tuner.results_dir.parent / "c"),
+    ):
         cold.tune()
         assert all(not j.warm and "--cold-trials" in j.cold_reason for j in cold.launcher.jobs)
 
@@ -381,8 +406,12 @@ def test_a_cold_re_measurement_says_whether_the_warm_peak_was_near_or_above_the_
 def test_group_members_reads_the_group_and_skips_zombies(tmp_path):
     from zerotune.launch._process import group_members
 
-    for pid, stat in {"10": "10 (python) S 1 77 77 0", "11": "11 (a) b (c)) R 10 77 77 0",
-                      "12": "12 (rank) Z 10 77 77 0", "13": "13 (other) S 1 78 78 0"}.items():
+    for pid, stat in {
+        "10": "10 (python) S 1 77 77 0",
+        "11": "11 (a) b (c)) R 10 77 77 0",
+        "12": "12 (rank) Z 10 77 77 0",
+        "13": "13 (other) S 1 78 78 0",
+    }.items():
         (tmp_path / pid).mkdir()
         (tmp_path / pid / "stat").write_text(stat)
     (tmp_path / "self").mkdir()
@@ -393,10 +422,14 @@ def test_killing_a_group_returns_once_every_member_is_gone(tmp_path):
     from zerotune.launch._process import group_members
 
     # The leader leaves at SIGTERM; its child ignores it and must be ended with the group.
-    child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open(r'{}', 'w').close(); time.sleep(600)"
+    child = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open(r'{}', 'w').close(); time.sleep(600)"
+    )
     ready = tmp_path / "ready"
-    leader = (f"import subprocess, sys, signal, time; subprocess.Popen([sys.executable, '-c', {child.format(ready)!r}]); "
-              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(600)")
+    leader = (
+        f"import subprocess, sys, signal, time; subprocess.Popen([sys.executable, '-c', {child.format(ready)!r}]); "
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(600)"
+    )
     group = ProcessGroup([sys.executable, "-c", leader], env=dict(os.environ), log=None)
     deadline = time.monotonic() + 120
     while not ready.exists():
@@ -413,9 +446,11 @@ def test_killing_with_no_grace_sends_no_sigterm(tmp_path):
     from zerotune.launch._process import group_members
 
     ready, handled = tmp_path / "ready", tmp_path / "handled"
-    leader = ("import signal, sys, time; "
-              f"signal.signal(signal.SIGTERM, lambda *a: (open(r'{handled}', 'w').close(), sys.exit(0))); "
-              f"open(r'{ready}', 'w').close(); time.sleep(600)")
+    leader = (
+        "import signal, sys, time; "
+        f"signal.signal(signal.SIGTERM, lambda *a: (open(r'{handled}', 'w').close(), sys.exit(0))); "
+        f"open(r'{ready}', 'w').close(); time.sleep(600)"
+    )
     group = ProcessGroup([sys.executable, "-c", leader], env=dict(os.environ), log=None)
     deadline = time.monotonic() + 120
     while not ready.exists():

@@ -2,6 +2,7 @@
 
 ``import zerotune`` is cheap: torch, DeepSpeed and Lightning load only when a tuning runs.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -14,12 +15,30 @@ if TYPE_CHECKING:
     from .trial import TrialResult, TrialSpec, TrialState
     from .tuner import Autotuner
 
-__all__ = ["Autotuner", "ConfigError", "LaunchError", "NoFeasibleConfigError", "TrialResult", "TrialSpec",
-           "TrialState", "TuningEvent", "TuningResult", "ZerotuneError", "load_results"]
+__all__ = [
+    "Autotuner",
+    "ConfigError",
+    "LaunchError",
+    "NoFeasibleConfigError",
+    "TrialResult",
+    "TrialSpec",
+    "TrialState",
+    "TuningEvent",
+    "TuningResult",
+    "ZerotuneError",
+    "load_results",
+]
 __version__ = "0.1.0"
 
-_LAZY = {"Autotuner": "tuner", "TuningEvent": "record", "TuningResult": "result", "load_results": "result",
-         "TrialResult": "trial", "TrialSpec": "trial", "TrialState": "trial"}
+_LAZY = {
+    "Autotuner": "tuner",
+    "TuningEvent": "record",
+    "TuningResult": "result",
+    "load_results": "result",
+    "TrialResult": "trial",
+    "TrialSpec": "trial",
+    "TrialState": "trial",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,5 @@
 """Process hygiene shared by the tuner and the trial processes."""
+
 from __future__ import annotations
 
 import os

@@ -17,6 +17,7 @@ Accelerate fills the micro-batch from the script's DataLoader and the accumulati
 examples do). Accelerate itself is imported only in the rank processes; PyYAML (which it
 requires) reads and writes the configs here.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,17 +32,39 @@ from ._errors import ConfigError
 from .command import UserCommand, option_value
 from .targets import Target
 
-LAUNCH_OPTIONS_REPLACED = ("--config_file", "--num_processes", "--num_machines", "--main_process_port", "--gpu_ids",
-                           "--deepspeed_config_file")
+LAUNCH_OPTIONS_REPLACED = (
+    "--config_file",
+    "--num_processes",
+    "--num_machines",
+    "--main_process_port",
+    "--gpu_ids",
+    "--deepspeed_config_file",
+)
 """accelerate launch options zerotune sets for each run (the user's values are read, not passed on)."""
-INLINE_OPTIONS = ("--zero_stage", "--offload_optimizer_device", "--offload_param_device", "--gradient_clipping",
-                  "--gradient_accumulation_steps", "--zero3_save_16bit_model", "--mixed_precision")
+INLINE_OPTIONS = (
+    "--zero_stage",
+    "--offload_optimizer_device",
+    "--offload_param_device",
+    "--gradient_clipping",
+    "--gradient_accumulation_steps",
+    "--zero3_save_16bit_model",
+    "--mixed_precision",
+)
 """accelerate launch options that describe DeepSpeed in place of a ds_config: kept in the config file."""
-SCRIPT_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
-                  "gradient_accumulation_steps": "--gradient_accumulation_steps"}
-INLINE_KEYS = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
-               "offload_param_device", "offload_optimizer_nvme_path", "offload_param_nvme_path",
-               "zero3_save_16bit_model")
+SCRIPT_OPTIONS = {
+    "train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
+    "gradient_accumulation_steps": "--gradient_accumulation_steps",
+}
+INLINE_KEYS = (
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "zero_stage",
+    "offload_optimizer_device",
+    "offload_param_device",
+    "offload_optimizer_nvme_path",
+    "offload_param_nvme_path",
+    "zero3_save_16bit_model",
+)
 WORK = "_accelerate"
 """zerotune's folder in the results folder: the launch config of the trials."""
 
@@ -70,15 +93,17 @@ def _yaml():
     try:
         import yaml
     except ImportError:
-        raise ConfigError("reading an Accelerate config needs PyYAML; install zerotune's hf extra: "
-                          "pip install 'zerotune[hf]'") from None
+        raise ConfigError(
+            "reading an Accelerate config needs PyYAML; install zerotune's hf extra: pip install 'zerotune[hf]'"
+        ) from None
     return yaml
 
 
 def default_config_file() -> Path:
     """Where ``accelerate config`` saves and ``accelerate launch`` looks without --config_file."""
     home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "huggingface")
+        os.environ.get("XDG_CACHE_HOME", os.path.join(os.path.expanduser("~"), ".cache")), "huggingface"
+    )
     return Path(home) / "accelerate" / "default_config.yaml"
 
 
@@ -96,12 +121,16 @@ class AccelerateLaunch:
         rest = list(command[2:])
         for i, word in enumerate(rest):
             if word in ("-m", "--module", "--no_python"):
-                raise ConfigError(f"accelerate launch {word} is not supported by zerotune; launch the script as a "
-                                  ".py file: zerotune tune accelerate launch --config_file acc.yaml train.py ...")
+                raise ConfigError(
+                    f"accelerate launch {word} is not supported by zerotune; launch the script as a "
+                    ".py file: zerotune tune accelerate launch --config_file acc.yaml train.py ..."
+                )
             if word.endswith(".py") and not (i and rest[i - 1] in ("--config_file", "--deepspeed_config_file")):
                 return cls(tuple(rest[:i]), tuple(rest[i:]))
-        raise ConfigError("no training script in the accelerate launch command; usage: zerotune tune accelerate "
-                          "launch --config_file acc.yaml train.py [script args]")
+        raise ConfigError(
+            "no training script in the accelerate launch command; usage: zerotune tune accelerate "
+            "launch --config_file acc.yaml train.py [script args]"
+        )
 
     def option(self, name: str) -> str | None:
         return option_value(self.options, name)
@@ -124,26 +153,33 @@ class AccelerateLaunch:
 def read_accelerate_config(launch: AccelerateLaunch) -> tuple[Path, dict[str, Any]]:
     path = Path(launch.option("--config_file") or default_config_file())
     if not path.is_file():
-        raise ConfigError(f"Accelerate config {str(path)!r} does not exist; give it with accelerate launch "
-                          "--config_file acc.yaml (or write one with `accelerate config`)")
+        raise ConfigError(
+            f"Accelerate config {str(path)!r} does not exist; give it with accelerate launch "
+            "--config_file acc.yaml (or write one with `accelerate config`)"
+        )
     try:
         data = _yaml().safe_load(path.read_text())
     except Exception as e:  # yaml.YAMLError and its many subclasses
-        raise ConfigError(f"Accelerate config {str(path)!r} is not valid YAML ({str(e).splitlines()[0]}); "
-                          "fix the file") from None
+        raise ConfigError(
+            f"Accelerate config {str(path)!r} is not valid YAML ({str(e).splitlines()[0]}); fix the file"
+        ) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"Accelerate config {str(path)!r} must be a mapping of keys (as `accelerate config` "
-                          "writes it)")
+        raise ConfigError(
+            f"Accelerate config {str(path)!r} must be a mapping of keys (as `accelerate config` writes it)"
+        )
     for word in launch.options:
         if word.split("=", 1)[0] in INLINE_OPTIONS:
-            raise ConfigError(f"accelerate launch {word.split('=', 1)[0]}: zerotune tunes DeepSpeed through "
-                              f"the config file; put it in {path} instead of the command")
-    uses_deepspeed = str(data.get("distributed_type", "")).upper() == "DEEPSPEED" or "--use_deepspeed" in \
-        launch.options
+            raise ConfigError(
+                f"accelerate launch {word.split('=', 1)[0]}: zerotune tunes DeepSpeed through "
+                f"the config file; put it in {path} instead of the command"
+            )
+    uses_deepspeed = str(data.get("distributed_type", "")).upper() == "DEEPSPEED" or "--use_deepspeed" in launch.options
     if not uses_deepspeed:
-        raise ConfigError(f"Accelerate config {str(path)!r} does not use DeepSpeed (distributed_type: "
-                          f"{data.get('distributed_type')!r}); zerotune tunes DeepSpeed: set distributed_type: "
-                          "DEEPSPEED and a deepspeed_config")
+        raise ConfigError(
+            f"Accelerate config {str(path)!r} does not use DeepSpeed (distributed_type: "
+            f"{data.get('distributed_type')!r}); zerotune tunes DeepSpeed: set distributed_type: "
+            "DEEPSPEED and a deepspeed_config"
+        )
     return path, data
 
 
@@ -156,26 +192,38 @@ def ds_config_of(path: Path, data: dict[str, Any], launch: AccelerateLaunch) -> 
     if named:
         named = Path(str(named))  # as accelerate launch reads it: relative to the folder it runs in
         if not named.is_file():
-            raise ConfigError(f"{path} names the ds_config {str(named)!r} (deepspeed_config_file), which does not "
-                              f"exist here, in {os.getcwd()}; run from the folder accelerate launch runs in, or give "
-                              "an absolute path")
+            raise ConfigError(
+                f"{path} names the ds_config {str(named)!r} (deepspeed_config_file), which does not "
+                f"exist here, in {os.getcwd()}; run from the folder accelerate launch runs in, or give "
+                "an absolute path"
+            )
         return named
     stage = plugin.get("zero_stage", 2)
     if isinstance(stage, bool) or stage not in (0, 1, 2, 3):
         raise ConfigError(f"{path}: deepspeed_config.zero_stage: {stage!r} is not a ZeRO stage; use 0, 1, 2 or 3")
-    config: dict[str, Any] = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                              "zero_optimization": {"stage": stage}}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "zero_optimization": {"stage": stage},
+    }
     zero = config["zero_optimization"]
     for block in ("optimizer", "param"):
         device = plugin.get(f"offload_{block}_device")
         if device and device != "none":
-            zero[f"offload_{block}"] = {"device": device, **({"nvme_path": plugin[f"offload_{block}_nvme_path"]}
-                                                             if plugin.get(f"offload_{block}_nvme_path") else {})}
+            zero[f"offload_{block}"] = {
+                "device": device,
+                **(
+                    {"nvme_path": plugin[f"offload_{block}_nvme_path"]}
+                    if plugin.get(f"offload_{block}_nvme_path")
+                    else {}
+                ),
+            }
     if plugin.get("gradient_clipping") not in (None, "none"):
         config["gradient_clipping"] = _number(plugin["gradient_clipping"], "gradient_clipping", path, float, 1e6)
     if plugin.get("gradient_accumulation_steps") not in (None, "auto"):
-        config["gradient_accumulation_steps"] = _number(plugin["gradient_accumulation_steps"],
-                                                        "gradient_accumulation_steps", path)
+        config["gradient_accumulation_steps"] = _number(
+            plugin["gradient_accumulation_steps"], "gradient_accumulation_steps", path
+        )
     if plugin.get("zero3_save_16bit_model"):
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     precision = str(data.get("mixed_precision") or "no").lower()
@@ -202,8 +250,10 @@ class AccelerateTarget(Target):
     def check_cluster(self, cluster) -> None:
         machines = _number(self.accelerate_config.get("num_machines") or 1, "num_machines", self.config_file)
         if cluster.multinode or machines > 1:
-            raise ConfigError("zerotune tunes Accelerate scripts on one node; tune with num_machines: 1 (and no "
-                              "--num-nodes or hostfile), then train on your nodes with the tuned config")
+            raise ConfigError(
+                "zerotune tunes Accelerate scripts on one node; tune with num_machines: 1 (and no "
+                "--num-nodes or hostfile), then train on your nodes with the tuned config"
+            )
 
     def processes(self, num_gpus: int | None) -> int | None:
         asked = self.launch.option("--num_processes") or self.accelerate_config.get("num_processes")
@@ -211,8 +261,9 @@ class AccelerateTarget(Target):
             return num_gpus
         per_node = _number(asked, "num_processes", self.config_file)
         if num_gpus is not None and num_gpus != per_node:
-            raise ConfigError(f"--num-gpus {num_gpus} disagrees with the Accelerate config's num_processes {asked}; "
-                              "give one of them")
+            raise ConfigError(
+                f"--num-gpus {num_gpus} disagrees with the Accelerate config's num_processes {asked}; give one of them"
+            )
         return per_node
 
     def arg_mappings(self, config: dict[str, Any], given: dict[str, str] | None) -> dict[str, str]:
@@ -223,10 +274,13 @@ class AccelerateTarget(Target):
         declared = {k: flag for k, flag in SCRIPT_OPTIONS.items() if re.search(re.escape(flag) + r"\b", text)}
         mappings = {**declared, **(given or {})}
         if "train_micro_batch_size_per_gpu" not in mappings and not isinstance(
-                config.get("train_micro_batch_size_per_gpu"), int):
-            raise ConfigError("Accelerate takes the micro-batch from the script's DataLoader: name the script's "
-                              "batch-size option in the ds_config, \"autotuning\": {\"arg_mappings\": "
-                              "{\"train_micro_batch_size_per_gpu\": \"--batch_size\"}}")
+            config.get("train_micro_batch_size_per_gpu"), int
+        ):
+            raise ConfigError(
+                "Accelerate takes the micro-batch from the script's DataLoader: name the script's "
+                'batch-size option in the ds_config, "autotuning": {"arg_mappings": '
+                '{"train_micro_batch_size_per_gpu": "--batch_size"}}'
+            )
         return mappings
 
     def trial_args(self, config: Path, mapped: dict[str, str]) -> list[str]:
@@ -263,8 +317,15 @@ class AccelerateTarget(Target):
     def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str], cluster) -> str:
         num_gpus = cluster.num_gpus
         yaml_path = self.write_launch_config(optimal.parent / "accelerate_config_optimal.yaml", optimal, num_gpus)
-        words = ["accelerate", "launch", "--config_file", str(yaml_path.resolve()), *self.launch.kept_options(),
-                 self.script, *self.trial_args(optimal, mapped)]
+        words = [
+            "accelerate",
+            "launch",
+            "--config_file",
+            str(yaml_path.resolve()),
+            *self.launch.kept_options(),
+            self.script,
+            *self.trial_args(optimal, mapped),
+        ]
         return " ".join(cluster.env_words() + [shlex.quote(w) for w in words]) + "\n"
 
     def identity(self) -> tuple[str, list[str]]:
@@ -275,5 +336,9 @@ class AccelerateTarget(Target):
         # each trial's own identity).
         normalized = self.launch_config(Path("<ds_config>"), 0)
         normalized["deepspeed_config"]["deepspeed_config_file"] = "<ds_config>"
-        return code, [*args, "accelerate", *self.launch.kept_options(),
-                      json.dumps(normalized, sort_keys=True, default=str)]
+        return code, [
+            *args,
+            "accelerate",
+            *self.launch.kept_options(),
+            json.dumps(normalized, sort_keys=True, default=str),
+        ]

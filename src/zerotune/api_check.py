@@ -5,6 +5,7 @@ trials) or a TypeError from deep inside.
 Checked strictly, with pydantic's ``validate_call``: a bool must be True or False, a count an
 int (not ``"2"``, ``2.5`` or ``True``), a callback callable, a command a list of strings.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,10 +17,16 @@ from ._errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_EXPECTED = {"bool_type": "True or False", "int_type": "a whole number (an int)",
-             "float_type": "a number", "callable_type": "a function", "list_type": "a list",
-             "string_type": "a string", "is_instance_of": "an instance of the class its annotation names",
-             "dict_type": "a dict"}
+_EXPECTED = {
+    "bool_type": "True or False",
+    "int_type": "a whole number (an int)",
+    "float_type": "a number",
+    "callable_type": "a function",
+    "list_type": "a list",
+    "string_type": "a string",
+    "is_instance_of": "an instance of the class its annotation names",
+    "dict_type": "a dict",
+}
 
 
 def checked(func: F) -> F:
@@ -51,8 +58,7 @@ def renamed(old_value: Any, value: Any, *, old: str, new: str) -> Any:
         raise ConfigError(f"{old}= and {new}= are one setting; give only {new}=")
     import warnings
 
-    warnings.warn(f"{old}= is now called {new}=; the old name will go in a later release", FutureWarning,
-                  stacklevel=3)
+    warnings.warn(f"{old}= is now called {new}=; the old name will go in a later release", FutureWarning, stacklevel=3)
     return old_value
 
 
@@ -62,11 +68,14 @@ def _message(owner: str, names: list[str], err: Any) -> str:
     where = first["loc"][0]
     name = names[where] if isinstance(where, int) and where < len(names) else str(where)
     # A union reports one error per member: name what each member would take.
-    expected = list(dict.fromkeys(_EXPECTED.get(e["type"], e["msg"].lower()) for e in errors
-                                  if e["loc"][:1] == first["loc"][:1]))
+    expected = list(
+        dict.fromkeys(_EXPECTED.get(e["type"], e["msg"].lower()) for e in errors if e["loc"][:1] == first["loc"][:1])
+    )
     got = first.get("input")
     text = f"{owner}({name}=...): got {got!r:.60}, which is not " + " or ".join(expected)
     if name == "command":
-        text += ("; give the script and its arguments as a list, e.g. ['train.py', '--deepspeed_config', "
-                 "'ds.json'], or a function train(ds_config)")
+        text += (
+            "; give the script and its arguments as a list, e.g. ['train.py', '--deepspeed_config', "
+            "'ds.json'], or a function train(ds_config)"
+        )
     return text

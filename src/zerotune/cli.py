@@ -1,5 +1,6 @@
 """`zerotune` commands. Only argument handling and rendering live here (the parsers in
 cli_parsers): the work is Autotuner's."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,10 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="replace")
     # No shell can pass a NUL byte, but main() can be called with one; no path or option holds it.
     if bad := next((a for a in argv if "\0" in a), None):
-        print(_error(f"the argument {bad!r} contains a NUL byte, which no path or option can hold; remove it"),
-              file=sys.stderr)
+        print(
+            _error(f"the argument {bad!r} contains a NUL byte, which no path or option can hold; remove it"),
+            file=sys.stderr,
+        )
         return 2
     try:
         return _main(argv)
@@ -43,15 +46,17 @@ def _main(argv: list[str]) -> int:
         print(f"zerotune {__version__}")
         return 0
     if argv[0] not in COMMANDS:
-        print(_error(f"unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)} "
-                     "(zerotune --help lists them)"), file=sys.stderr)
+        print(
+            _error(f"unknown command {argv[0]!r}; choose one of {', '.join(COMMANDS)} (zerotune --help lists them)"),
+            file=sys.stderr,
+        )
         return 2
     if argv[0] == "estimate":
         own = argv[1:]
         command = []
         if "--profile" in own:  # everything after it is the user's command, untouched
             i = own.index("--profile")
-            own, command = own[:i + 1], own[i + 1:]
+            own, command = own[: i + 1], own[i + 1 :]
         args = estimate_parser().parse_args(own)
         args.command = command
         try:
@@ -98,8 +103,9 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
     if not command:
         from .cli_parsers import TUNE_USAGE
 
-        print(f"zerotune: error: no training script given\nusage: {TUNE_USAGE.format(name=args.command)}",
-              file=sys.stderr)
+        print(
+            f"zerotune: error: no training script given\nusage: {TUNE_USAGE.format(name=args.command)}", file=sys.stderr
+        )
         return 2
     import signal
 
@@ -119,15 +125,28 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
     json_log = args.log_format == "json"
     printer = JsonEvents() if json_log else ProgressPrinter(quiet=args.quiet)
     sinks: list = [printer]
-    tuner = Autotuner(command, num_gpus=args.num_gpus, num_nodes=args.num_nodes,
-                      memory_per_device=args.memory_per_device, results_dir=args.results_dir,
-                      time_budget=args.time_budget, trial_timeout=args.trial_timeout, precision=args.precision,
-                      max_measure_seconds=args.max_measure_seconds,
-                      stall_timeout=args.stall_timeout, max_concurrent_trials=args.max_concurrent_trials,
-                      hostfile=args.hostfile, include=args.include, exclude=args.exclude,
-                      multinode_launcher=args.launcher, master_addr=args.master_addr,
-                      overwrite=True if args.overwrite else None, retry_failed=args.retry_failed,
-                      warm_trials=False if args.cold_trials else None, on_event=lambda e: [s(e) for s in sinks])
+    tuner = Autotuner(
+        command,
+        num_gpus=args.num_gpus,
+        num_nodes=args.num_nodes,
+        memory_per_device=args.memory_per_device,
+        results_dir=args.results_dir,
+        time_budget=args.time_budget,
+        trial_timeout=args.trial_timeout,
+        precision=args.precision,
+        max_measure_seconds=args.max_measure_seconds,
+        stall_timeout=args.stall_timeout,
+        max_concurrent_trials=args.max_concurrent_trials,
+        hostfile=args.hostfile,
+        include=args.include,
+        exclude=args.exclude,
+        multinode_launcher=args.launcher,
+        master_addr=args.master_addr,
+        overwrite=True if args.overwrite else None,
+        retry_failed=args.retry_failed,
+        warm_trials=False if args.cold_trials else None,
+        on_event=lambda e: [s(e) for s in sinks],
+    )
     printer.watch(tuner)
     sinks += trackers(args.tensorboard)
     for tracker in sinks[1:]:
@@ -137,8 +156,11 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
         with printer:
             result = tuner.tune()
     except KeyboardInterrupt:
-        print(f"\nzerotune: interrupted; finished trials are kept in {tuner.results_dir}. "
-              "Rerun the same command to resume.", file=sys.stderr)
+        print(
+            f"\nzerotune: interrupted; finished trials are kept in {tuner.results_dir}. "
+            "Rerun the same command to resume.",
+            file=sys.stderr,
+        )
         return 130
     finally:
         for tracker in sinks[1:]:

@@ -4,6 +4,7 @@ One :class:`Cluster` makes the launcher of the trials, the slots they run in, th
 of a trial's identity, and the final command, so that what ``cmd_optimal.txt`` and ``zerotune
 run`` start is the topology the tuning measured.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -39,27 +40,48 @@ class Cluster:
     master_addr: str | None = None
 
     @classmethod
-    def build(cls, *, device: str, device_count: int, num_gpus: int | None, num_nodes: int | None,
-              hostfile: str | Path | None = None, include: str = "", exclude: str = "", launcher: str = "pdsh",
-              master_addr: str | None = None) -> Cluster:
+    def build(
+        cls,
+        *,
+        device: str,
+        device_count: int,
+        num_gpus: int | None,
+        num_nodes: int | None,
+        hostfile: str | Path | None = None,
+        include: str = "",
+        exclude: str = "",
+        launcher: str = "pdsh",
+        master_addr: str | None = None,
+    ) -> Cluster:
         """Validated before anything runs: counts in range, hosts that exist, the GPUs asked for here."""
         check_counts(num_gpus, num_nodes)
         hosts = None
         if hostfile is not None:
-            hosts = tuple(select_hosts(read_hostfile(hostfile), num_nodes=num_nodes, num_gpus=num_gpus,
-                                       include=include, exclude=exclude))
+            hosts = tuple(
+                select_hosts(
+                    read_hostfile(hostfile), num_nodes=num_nodes, num_gpus=num_gpus, include=include, exclude=exclude
+                )
+            )
             num_gpus = len(hosts[0].slots)
         elif include or exclude:
             raise ConfigError("--include and --exclude pick hosts from a --hostfile; give one")
         elif num_nodes not in (None, 1):
-            raise ConfigError(f"--num-nodes {num_nodes} needs --hostfile naming the nodes, in DeepSpeed's format "
-                              "(one 'hostname slots=N' per line)")
+            raise ConfigError(
+                f"--num-nodes {num_nodes} needs --hostfile naming the nodes, in DeepSpeed's format "
+                "(one 'hostname slots=N' per line)"
+            )
         num_gpus = num_gpus or (device_count if device == "cuda" else 1)
         if device == "cuda" and hosts is None and num_gpus > device_count:
             raise ConfigError(f"--num-gpus {num_gpus} is more than the {device_count} GPUs here")
-        return cls(device=device, device_count=device_count, num_gpus=num_gpus, hosts=hosts,
-                   hostfile=str(Path(hostfile).resolve()) if hostfile is not None else None, launcher_kind=launcher,
-                   master_addr=master_addr)
+        return cls(
+            device=device,
+            device_count=device_count,
+            num_gpus=num_gpus,
+            hosts=hosts,
+            hostfile=str(Path(hostfile).resolve()) if hostfile is not None else None,
+            launcher_kind=launcher,
+            master_addr=master_addr,
+        )
 
     @property
     def num_nodes(self) -> int:
@@ -78,8 +100,9 @@ class Cluster:
         if self.multinode:
             from .launch._multinode import MultiNodeLauncher
 
-            return MultiNodeLauncher(list(self.hosts), device=self.device, launcher=self.launcher_kind,
-                                     master_addr=self.master_addr)
+            return MultiNodeLauncher(
+                list(self.hosts), device=self.device, launcher=self.launcher_kind, master_addr=self.master_addr
+            )
         return LocalLauncher(device=self.device)
 
     def slots(self, max_concurrent: int | None) -> list[Slot]:
@@ -89,8 +112,12 @@ class Cluster:
 
     def topology(self) -> dict:
         """What a measurement depends on of where it ran: part of each trial's identity."""
-        return {"device": self.device, "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
-                "hosts": [[h.name, list(h.slots)] for h in self.hosts] if self.hosts else None}
+        return {
+            "device": self.device,
+            "num_gpus": self.num_gpus,
+            "num_nodes": self.num_nodes,
+            "hosts": [[h.name, list(h.slots)] for h in self.hosts] if self.hosts else None,
+        }
 
     def run_env(self) -> dict[str, str]:
         """What the trials' environment sets that their figures depend on: on CPU, DeepSpeed's
@@ -127,10 +154,24 @@ class Cluster:
         master = self.master_addr or self.hosts[0].name
         if self.launcher_kind == "torchrun":
             # One agent per node: the same command with its --node-rank on each host.
-            return ["torchrun", f"--nnodes={self.num_nodes}", f"--nproc-per-node={self.num_gpus}",
-                    "--node-rank=${NODE_RANK}", f"--master-addr={master}", "--master-port=29500", script, *args]
-        runner = [f"--hostfile={self.hostfile}", f"--include={include}", f"--launcher={self.launcher_kind}",
-                  f"--master_addr={master}", script, *args]
+            return [
+                "torchrun",
+                f"--nnodes={self.num_nodes}",
+                f"--nproc-per-node={self.num_gpus}",
+                "--node-rank=${NODE_RANK}",
+                f"--master-addr={master}",
+                "--master-port=29500",
+                script,
+                *args,
+            ]
+        runner = [
+            f"--hostfile={self.hostfile}",
+            f"--include={include}",
+            f"--launcher={self.launcher_kind}",
+            f"--master_addr={master}",
+            script,
+            *args,
+        ]
         if runner_accepts(runner):
             return ["deepspeed", *runner]
         return Cluster(**{**self.__dict__, "launcher_kind": "torchrun"}).launch_words(script, args, runner_accepts)
@@ -140,6 +181,5 @@ class Cluster:
         line = " ".join(env + quoted)
         if self.multinode and words[:1] == ["torchrun"]:
             hosts = " ".join(h.name for h in self.hosts)
-            return (f"# run on each node ({hosts}) with NODE_RANK set to its position in that list (0 first)\n"
-                    + line)
+            return f"# run on each node ({hosts}) with NODE_RANK set to its position in that list (0 first)\n" + line
         return line

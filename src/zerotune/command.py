@@ -1,4 +1,5 @@
 """The user's training command: where its ds_config is, and how a trial rewrites it."""
+
 from __future__ import annotations
 
 import re
@@ -68,28 +69,38 @@ class UserCommand:
     @classmethod
     def parse(cls, command: list[str] | tuple[str, ...]) -> UserCommand:
         if not command:
-            raise ConfigError("no training script given; usage: zerotune tune [options] script.py "
-                              "--deepspeed_config ds.json [script args]")
+            raise ConfigError(
+                "no training script given; usage: zerotune tune [options] script.py "
+                "--deepspeed_config ds.json [script args]"
+            )
         script, *args = command
         path = Path(script)
         if path.name in ("accelerate", "deepspeed", "torchrun") and not path.is_file():
-            raise ConfigError(f"give the training script itself, not the {path.name} launcher: zerotune starts the "
-                              "processes (usage: zerotune tune [--num-gpus N] train.py [args], or zerotune tune "
-                              "accelerate launch --config_file acc.yaml train.py [args])")
+            raise ConfigError(
+                f"give the training script itself, not the {path.name} launcher: zerotune starts the "
+                "processes (usage: zerotune tune [--num-gpus N] train.py [args], or zerotune tune "
+                "accelerate launch --config_file acc.yaml train.py [args])"
+            )
         if path.is_dir():
             raise LaunchError(f"training script {script!r} is a folder; give the path of the .py script in it")
         if path.exists() and not path.is_file():
-            raise LaunchError(f"training script {script!r} is not a regular file (a pipe or a device); give the "
-                              "path of your .py script")
+            raise LaunchError(
+                f"training script {script!r} is not a regular file (a pipe or a device); give the "
+                "path of your .py script"
+            )
         if not path.is_file():
-            raise LaunchError(f"training script {script!r} does not exist; give the path of your DeepSpeed "
-                              "training script (relative to this folder or absolute)")
+            raise LaunchError(
+                f"training script {script!r} does not exist; give the path of your DeepSpeed "
+                "training script (relative to this folder or absolute)"
+            )
         if path.suffix != ".py":
             raise ConfigError(f"training script {script!r} is not a .py file; zerotune runs Python scripts")
         command = cls(str(path), tuple(args))
         if len(given := command.config_values()) > 1:
-            raise ConfigError(f"the ds_config is given {len(given)} times ({', '.join(given)}); the script reads only "
-                              "the last, so give the config option once")
+            raise ConfigError(
+                f"the ds_config is given {len(given)} times ({', '.join(given)}); the script reads only "
+                "the last, so give the config option once"
+            )
         return command
 
     def config_values(self) -> list[str]:

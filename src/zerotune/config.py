@@ -3,6 +3,7 @@
 Everything the user can get wrong is checked here, before any process starts, and reported as
 one :class:`ConfigError` that names the key and the fix.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -16,8 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ._errors import ConfigError
 
 STAGES = (0, 1, 2, 3)
-OBJECT_SECTIONS = ("zero_optimization", "fp16", "bf16", "optimizer", "scheduler", "activation_checkpointing",
-                   "flops_profiler")
+OBJECT_SECTIONS = (
+    "zero_optimization",
+    "fp16",
+    "bf16",
+    "optimizer",
+    "scheduler",
+    "activation_checkpointing",
+    "flops_profiler",
+)
 """Top-level ds_config keys whose value DeepSpeed reads as an object."""
 MAX_MICRO_BATCH = 2**16
 MAX_GLOBAL_BATCH = 2**30
@@ -71,10 +79,13 @@ class AutotuningConfig(BaseModel):
             raise ValueError(
                 f"min_train_micro_batch_size_per_gpu ({self.min_train_micro_batch_size_per_gpu}) is above "
                 f"max_train_micro_batch_size_per_gpu ({self.max_train_micro_batch_size_per_gpu}); "
-                "lower the minimum or raise the maximum")
+                "lower the minimum or raise the maximum"
+            )
         if self.end_profile_step <= self.start_profile_step:
-            raise ValueError(f"end_profile_step ({self.end_profile_step}) must be above start_profile_step "
-                             f"({self.start_profile_step})")
+            raise ValueError(
+                f"end_profile_step ({self.end_profile_step}) must be above start_profile_step "
+                f"({self.start_profile_step})"
+            )
         return self
 
 
@@ -90,7 +101,9 @@ def _pydantic_message(err: ValidationError, section: str) -> str:
             lines.append(f"{where}: unknown key{hint}")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            lines.append(f"{where}: {msg} (got {e.get('input')!r})" if e["type"] != "value_error" else f"{where}: {msg}")
+            lines.append(
+                f"{where}: {msg} (got {e.get('input')!r})" if e["type"] != "value_error" else f"{where}: {msg}"
+            )
     return "; ".join(lines)
 
 
@@ -135,23 +148,27 @@ def read_config_text(path: str | Path, what: str) -> str:
     if not p.exists():
         raise ConfigError(f"{what} {str(path)!r} does not exist; give the path of a JSON file")
     if not p.is_file():
-        raise ConfigError(f"{what} {str(path)!r} is not a regular file (a pipe or a device); give the path of a "
-                          "JSON file")
+        raise ConfigError(
+            f"{what} {str(path)!r} is not a regular file (a pipe or a device); give the path of a JSON file"
+        )
     try:
         with open(p, "rb") as f:
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"{what} {str(path)!r} cannot be read: {e.strerror}; check its permissions") from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{what} {str(path)!r} is over {MAX_CONFIG_BYTES >> 20} MiB, far more than any config; "
-                          "give the right file")
+        raise ConfigError(
+            f"{what} {str(path)!r} is over {MAX_CONFIG_BYTES >> 20} MiB, far more than any config; give the right file"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{what} {str(path)!r} is not a UTF-8 text file") from None
     if (depth := nesting(text)) > MAX_CONFIG_DEPTH:
-        raise ConfigError(f"{what} {str(path)!r} nests {depth} levels deep, beyond any config (at most "
-                          f"{MAX_CONFIG_DEPTH}); give the right file")
+        raise ConfigError(
+            f"{what} {str(path)!r} nests {depth} levels deep, beyond any config (at most "
+            f"{MAX_CONFIG_DEPTH}); give the right file"
+        )
     return text
 
 
@@ -183,8 +200,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     if len(data) != len(pairs):
         seen: set[str] = set()
         repeated = [k for k, _ in pairs if k in seen or seen.add(k)]
-        raise ConfigError(f"duplicate keys {sorted(set(repeated))}: DeepSpeed refuses a config that names a key "
-                          "twice in one object; keep one of each")
+        raise ConfigError(
+            f"duplicate keys {sorted(set(repeated))}: DeepSpeed refuses a config that names a key "
+            "twice in one object; keep one of each"
+        )
     return data
 
 
@@ -195,14 +214,17 @@ def load_ds_config(source: str | Path | dict[str, Any]) -> dict[str, Any]:
         try:
             return json.loads(json.dumps(source))  # a deep copy that is also proof it is JSON
         except (TypeError, ValueError) as e:
-            raise ConfigError(f"the ds_config is not JSON data ({e}); use plain numbers, strings, lists and "
-                              "dicts") from None
+            raise ConfigError(
+                f"the ds_config is not JSON data ({e}); use plain numbers, strings, lists and dicts"
+            ) from None
         except RecursionError:
-            raise ConfigError(f"the ds_config nests deeper than any config (at most {MAX_CONFIG_DEPTH} levels); "
-                              "give the right dict") from None
+            raise ConfigError(
+                f"the ds_config nests deeper than any config (at most {MAX_CONFIG_DEPTH} levels); give the right dict"
+            ) from None
     if not isinstance(source, (str, Path)):
-        raise ConfigError(f"the ds_config must be a JSON object {{...}} or the path of a JSON file, not "
-                          f"{type(source).__name__}")
+        raise ConfigError(
+            f"the ds_config must be a JSON object {{...}} or the path of a JSON file, not {type(source).__name__}"
+        )
     path = Path(source)
     text = read_config_text(path, "ds_config")
     import hjson
@@ -212,11 +234,15 @@ def load_ds_config(source: str | Path | dict[str, Any]) -> dict[str, Any]:
     except ConfigError as e:
         raise ConfigError(f"ds_config {str(path)!r}: {e}") from None
     except hjson.HjsonDecodeError as e:
-        raise ConfigError(f"ds_config {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; "
-                          "fix the file (a trailing comma or a missing quote is the usual cause)") from None
+        raise ConfigError(
+            f"ds_config {str(path)!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}; "
+            "fix the file (a trailing comma or a missing quote is the usual cause)"
+        ) from None
     except (ValueError, OverflowError, RecursionError) as e:
-        raise ConfigError(f"ds_config {str(path)!r} cannot be read as JSON ({type(e).__name__}: {str(e)[:80]}); "
-                          "use plain numbers such as 64 or 5e8") from None
+        raise ConfigError(
+            f"ds_config {str(path)!r} cannot be read as JSON ({type(e).__name__}: {str(e)[:80]}); "
+            "use plain numbers such as 64 or 5e8"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"ds_config {str(path)!r} must hold a JSON object {{...}}, not {type(data).__name__}")
     return data
@@ -227,8 +253,10 @@ def parse_stages(value: Any) -> list[int]:
         return list(STAGES)
     values = value if isinstance(value, list) else [value]
     if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v in STAGES for v in values):
-        raise ConfigError(f"zero_optimization.stage: {value!r} is not a ZeRO stage; use 0, 1, 2 or 3, "
-                          'a list of them such as [1, 2], or "all"')
+        raise ConfigError(
+            f"zero_optimization.stage: {value!r} is not a ZeRO stage; use 0, 1, 2 or 3, "
+            'a list of them such as [1, 2], or "all"'
+        )
     return sorted(set(values))
 
 
@@ -244,11 +272,14 @@ def batch_count(value: Any, key: str, limit: int = MAX_GLOBAL_BATCH) -> int | st
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
     if not isinstance(number, int) or isinstance(number, bool) or number < 1:
-        raise ConfigError(f"{key}: {json.dumps(value)[:40]} is not a number of samples; use a positive whole "
-                          'number such as 64, or "auto" for the script to fill')
+        raise ConfigError(
+            f"{key}: {json.dumps(value)[:40]} is not a number of samples; use a positive whole "
+            'number such as 64, or "auto" for the script to fill'
+        )
     if number > limit:
-        raise ConfigError(f"{key}: {number} is beyond any real job (at most {limit}); give the number of samples "
-                          "you train with")
+        raise ConfigError(
+            f"{key}: {number} is beyond any real job (at most {limit}); give the number of samples you train with"
+        )
     return number
 
 
@@ -257,32 +288,42 @@ def _parse_micro_batches(value: Any) -> list[int] | None:
         return None
     values = value if isinstance(value, list) else [value]
     if not values:
-        raise ConfigError("train_micro_batch_size_per_gpu: an empty list gives nothing to search; use a positive "
-                          'integer, a list of them, or "auto" to let zerotune search')
+        raise ConfigError(
+            "train_micro_batch_size_per_gpu: an empty list gives nothing to search; use a positive "
+            'integer, a list of them, or "auto" to let zerotune search'
+        )
     if any(v is None for v in values):
-        raise ConfigError("train_micro_batch_size_per_gpu: a list holds null; list positive integers (or give "
-                          '"auto" to let zerotune search)')
-    return sorted({batch_count(v, "train_micro_batch_size_per_gpu", MAX_MICRO_BATCH) for v in values
-                   if v != "auto"} or ()) or None
+        raise ConfigError(
+            "train_micro_batch_size_per_gpu: a list holds null; list positive integers (or give "
+            '"auto" to let zerotune search)'
+        )
+    return (
+        sorted({batch_count(v, "train_micro_batch_size_per_gpu", MAX_MICRO_BATCH) for v in values if v != "auto"} or ())
+        or None
+    )
 
 
 def _check_batch_triple(config: dict[str, Any], dp: int) -> None:
     """DeepSpeed's rule, where the config fixes all three batch values: train_batch_size =
     micro-batch x gradient_accumulation_steps x data-parallel processes (DeepSpeed refuses the
     config otherwise, so zerotune never bends one of them to fit)."""
-    tbs, gas, mb = (config.get(k) for k in ("train_batch_size", "gradient_accumulation_steps",
-                                            "train_micro_batch_size_per_gpu"))
+    tbs, gas, mb = (
+        config.get(k) for k in ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu")
+    )
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (tbs, gas, mb)):
         return
     if tbs != mb * gas * dp:
-        raise ConfigError(f"train_batch_size {tbs} is not train_micro_batch_size_per_gpu {mb} x "
-                          f"gradient_accumulation_steps {gas} x {dp} data-parallel processes ({mb * gas * dp}), "
-                          "which DeepSpeed requires; drop gradient_accumulation_steps (zerotune derives it) or "
-                          "make the three agree")
+        raise ConfigError(
+            f"train_batch_size {tbs} is not train_micro_batch_size_per_gpu {mb} x "
+            f"gradient_accumulation_steps {gas} x {dp} data-parallel processes ({mb * gas * dp}), "
+            "which DeepSpeed requires; drop gradient_accumulation_steps (zerotune derives it) or "
+            "make the three agree"
+        )
 
 
-def parse_request(ds_config: dict[str, Any], *, world_size: int,
-                  script_batch: dict[str, int] | None = None) -> TuningRequest:
+def parse_request(
+    ds_config: dict[str, Any], *, world_size: int, script_batch: dict[str, int] | None = None
+) -> TuningRequest:
     """Validate ``ds_config`` for tuning on ``world_size`` processes. ``script_batch``: the batch
     values the command gives the script's mapped options (arg_mappings), which set the global
     batch where neither the config nor the autotuning section does."""
@@ -300,7 +341,7 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int,
     zero = config.get("zero_optimization", {})
     for block in ("offload_optimizer", "offload_param"):
         if block in zero and zero[block] is not None and not isinstance(zero[block], dict):
-            raise ConfigError(f"zero_optimization.{block}: must be a JSON object such as {{\"device\": \"cpu\"}}")
+            raise ConfigError(f'zero_optimization.{block}: must be a JSON object such as {{"device": "cpu"}}')
     stages = parse_stages(zero.get("stage"))
     micro_batches = _parse_micro_batches(config.get("train_micro_batch_size_per_gpu"))
     for key in ("train_batch_size", "gradient_accumulation_steps"):
@@ -309,8 +350,10 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int,
     if isinstance(config.get("train_micro_batch_size_per_gpu"), (str, float)) and micro_batches:
         config["train_micro_batch_size_per_gpu"] = micro_batches[0]
     if world_size % at.mp_size:
-        raise ConfigError(f"autotuning.mp_size ({at.mp_size}) does not divide the {world_size} processes; "
-                          "use a model-parallel size that divides --num-gpus x --num-nodes")
+        raise ConfigError(
+            f"autotuning.mp_size ({at.mp_size}) does not divide the {world_size} processes; "
+            "use a model-parallel size that divides --num-gpus x --num-nodes"
+        )
     dp = world_size // at.mp_size
     _check_batch_triple(config, dp)
     global_batch = at.max_train_batch_size
@@ -322,23 +365,30 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int,
         gas = script_batch.get("gradient_accumulation_steps") or (gas if isinstance(gas, int) else 1)
         global_batch = script_batch["train_micro_batch_size_per_gpu"] * gas * dp
         if global_batch > MAX_GLOBAL_BATCH:
-            raise ConfigError(f"the command's batch options give a global batch of {global_batch}, beyond any real "
-                              f"job (at most {MAX_GLOBAL_BATCH}); give the batch sizes you train with")
+            raise ConfigError(
+                f"the command's batch options give a global batch of {global_batch}, beyond any real "
+                f"job (at most {MAX_GLOBAL_BATCH}); give the batch sizes you train with"
+            )
     if global_batch is not None:
         if global_batch % dp:
-            raise ConfigError(f"the global batch {global_batch} cannot be split over {dp} data-parallel processes; "
-                              f"set autotuning.max_train_batch_size to a multiple of {dp}")
+            raise ConfigError(
+                f"the global batch {global_batch} cannot be split over {dp} data-parallel processes; "
+                f"set autotuning.max_train_batch_size to a multiple of {dp}"
+            )
         per_rank = global_batch // dp
         if per_rank < at.min_train_micro_batch_size_per_gpu:
             raise ConfigError(
                 f"the global batch {global_batch} gives {per_rank} samples per data-parallel process, below "
                 f"min_train_micro_batch_size_per_gpu ({at.min_train_micro_batch_size_per_gpu}); raise "
-                "max_train_batch_size or lower the minimum")
+                "max_train_batch_size or lower the minimum"
+            )
     if micro_batches is not None and global_batch is not None:
         bad = [m for m in micro_batches if (global_batch // dp) % m]
         if bad:
-            raise ConfigError(f"train_micro_batch_size_per_gpu {bad} does not divide the {global_batch // dp} samples "
-                              f"per process of the global batch {global_batch}; choose divisors of it")
+            raise ConfigError(
+                f"train_micro_batch_size_per_gpu {bad} does not divide the {global_batch // dp} samples "
+                f"per process of the global batch {global_batch}; choose divisors of it"
+            )
     for key, arg in (at.arg_mappings or {}).items():
         if not arg.startswith("-"):
             raise ConfigError(f"autotuning.arg_mappings.{key}: {arg!r} must be a script option such as --{arg}")
@@ -346,5 +396,6 @@ def parse_request(ds_config: dict[str, Any], *, world_size: int,
 
     user_dimensions(config)  # empty or repeated lists are errors now, not at the knob search
     check_offload_devices(config)
-    return TuningRequest(space_config=config, autotuning=at, stages=stages,
-                         micro_batches=micro_batches, global_batch=global_batch)
+    return TuningRequest(
+        space_config=config, autotuning=at, stages=stages, micro_batches=micro_batches, global_batch=global_batch
+    )

@@ -7,6 +7,7 @@ apart cannot, and the second round's reversed order cancels a steady drift acros
 In the first round, each measures on past its window while its own steps can settle its
 comparison with the one leading (see settle_target).
 """
+
 from __future__ import annotations
 
 import math
@@ -67,21 +68,30 @@ def combined(runs: list[TrialResult]) -> Measurement:
     ms = [r.measurement for r in runs]
     k = len(ms)
     mean = sum(m.step_time_mean for m in ms) / k
-    std = math.sqrt(sum(m.step_time_std ** 2 for m in ms)) / k
+    std = math.sqrt(sum(m.step_time_std**2 for m in ms)) / k
     errors = [m.standard_error for m in ms]
     if all(math.isfinite(se) for se, _ in errors):
         se = math.sqrt(sum(e * e for e, _ in errors)) / k
         df = welch_df([(e * e, d + 1) for e, d in errors])
         ci = t95_df(df) * se
     else:  # a round with one timed step has no interval of its own: the old, wider rule
-        ci, df = math.sqrt(sum(m.step_time_ci95 ** 2 for m in ms)) / k, None
-    return replace(ms[0], step_time_mean=mean, step_time_ci95=ci if math.isfinite(ci) else mean,
-                   step_time_std=std, step_time_df=df if df is not None and math.isfinite(ci) else None,
-                   steps_measured=sum(m.steps_measured for m in ms), stable=all(m.stable for m in ms),
-                   timed_seconds=sum(m.timed_seconds for m in ms), early_stop=False, lost_to=None, lost_to_metric="",
-                   tied=False,
-                   left_out=[x for m in ms for x in m.left_out],
-                   left_out_median=next((m.left_out_median for m in ms if m.left_out), None))
+        ci, df = math.sqrt(sum(m.step_time_ci95**2 for m in ms)) / k, None
+    return replace(
+        ms[0],
+        step_time_mean=mean,
+        step_time_ci95=ci if math.isfinite(ci) else mean,
+        step_time_std=std,
+        step_time_df=df if df is not None and math.isfinite(ci) else None,
+        steps_measured=sum(m.steps_measured for m in ms),
+        stable=all(m.stable for m in ms),
+        timed_seconds=sum(m.timed_seconds for m in ms),
+        early_stop=False,
+        lost_to=None,
+        lost_to_metric="",
+        tied=False,
+        left_out=[x for m in ms for x in m.left_out],
+        left_out_median=next((m.left_out_median for m in ms if m.left_out), None),
+    )
 
 
 def earlier_confirmation(results_dir: Path) -> Confirmation | None:
@@ -92,8 +102,9 @@ def earlier_confirmation(results_dir: Path) -> Confirmation | None:
     except ZerotuneError:
         return None
     from_trial = session.get("confirm_from_trial")
-    return Confirmation(candidates=[], runs=remeasured_in(session),
-                        from_trial=from_trial if isinstance(from_trial, str) else None)
+    return Confirmation(
+        candidates=[], runs=remeasured_in(session), from_trial=from_trial if isinstance(from_trial, str) else None
+    )
 
 
 def remeasured_in(session: dict) -> list[TrialResult]:
@@ -124,8 +135,14 @@ def confirmed_in(session: dict, trials: list[TrialResult]) -> dict[str, TrialRes
     return {c.name: c for c in _confirmed(by_name, group)}
 
 
-def confirm(factory: TrialFactory, launcher: Launcher, slots: list[Slot], record: TuningRecord,
-            choice: Choice, earlier: Confirmation | None = None) -> Confirmation | None:
+def confirm(
+    factory: TrialFactory,
+    launcher: Launcher,
+    slots: list[Slot],
+    record: TuningRecord,
+    choice: Choice,
+    earlier: Confirmation | None = None,
+) -> Confirmation | None:
     """Re-measure ``choice.best`` and its ties, and a loser stopped early against an unsettled
     figure (see confirm_candidates; None when there are none); the choice made on the
     re-measured figures is ``best``. ``earlier``: the last tuning's confirmation, reused when
@@ -185,8 +202,15 @@ def settle_target(leader: TrialResult, candidate: TrialResult, metric: str) -> d
         if value is None:
             return None
         scale = value * m.step_time_mean  # samples (or FLOPs) per step of this config
-    return {"maximize": MAXIMIZE[metric], "value": lead.value, "ci": lead.ci, "rel_se": lead.rel_se,
-            "df": lead.df if math.isfinite(lead.df) else None, "scale": scale, "margin": TIE_MARGIN}
+    return {
+        "maximize": MAXIMIZE[metric],
+        "value": lead.value,
+        "ci": lead.ci,
+        "rel_se": lead.rel_se,
+        "df": lead.df if math.isfinite(lead.df) else None,
+        "scale": scale,
+        "margin": TIE_MARGIN,
+    }
 
 
 def trial_first(slots: list[Slot], record: TuningRecord, group: list[TrialResult]) -> str | None:
@@ -230,16 +254,17 @@ def _reusable(earlier: Confirmation, group: list[TrialResult], first: str | None
         return False  # its trial stood for a candidate that is none now
     first_round = [r.name for r in group if r.name != first]  # see _first_round
     got = [r.name for r in earlier.runs]
-    if got[:len(first_round)] != first_round:
+    if got[: len(first_round)] != first_round:
         return False
-    by_name = {n.name: [r for r in earlier.runs[:len(first_round)] if r.name == n.name] for n in group}
+    by_name = {n.name: [r for r in earlier.runs[: len(first_round)] if r.name == n.name] for n in group}
     if first is not None:
         by_name[first].insert(0, group[0])
-    return got[len(first_round):] == [r.name for r in second_round(by_name, group, first, metric)]
+    return got[len(first_round) :] == [r.name for r in second_round(by_name, group, first, metric)]
 
 
-def second_round(by_name: dict[str, list[TrialResult]], group: list[TrialResult], first: str | None,
-                 metric: str) -> list[TrialResult]:
+def second_round(
+    by_name: dict[str, list[TrialResult]], group: list[TrialResult], first: str | None, metric: str
+) -> list[TrialResult]:
     """What the second round measures after the first (``by_name``: each candidate's first-round
     figure), in reversed order: nothing where the first settled the choice and no drift may have
     made it (see settled, drifted). Otherwise the pick, every candidate in question and each one
@@ -253,9 +278,17 @@ def second_round(by_name: dict[str, list[TrialResult]], group: list[TrialResult]
         return []
     pick = choose_best(list(confirmed.values()), metric)
     assert pick is not None, "settled() holds where fewer than two candidates measured"
-    keep = [r for r in group if r.name in confirmed and (
-        pick.best.name in moved or r.name in moved or r.name == pick.best.name
-        or not clearly_worse(metric, confirmed[r.name], pick.best))]
+    keep = [
+        r
+        for r in group
+        if r.name in confirmed
+        and (
+            pick.best.name in moved
+            or r.name in moved
+            or r.name == pick.best.name
+            or not clearly_worse(metric, confirmed[r.name], pick.best)
+        )
+    ]
     return keep[::-1] if len(keep) > 1 else []
 
 
@@ -270,12 +303,14 @@ def settled(confirmed: list[TrialResult], metric: str) -> bool:
     if pick is None or len(confirmed) < 2:
         return True  # the others failed: a failed re-measurement drops its candidate for good
     best = pick.best
-    return all(c is best or clearly_worse(metric, c, best) or most_faster(c, best, metric) <= TIE_MARGIN
-               for c in confirmed)
+    return all(
+        c is best or clearly_worse(metric, c, best) or most_faster(c, best, metric) <= TIE_MARGIN for c in confirmed
+    )
 
 
-def drifted(by_name: dict[str, list[TrialResult]], group: list[TrialResult], first: str | None,
-            metric: str) -> list[str]:
+def drifted(
+    by_name: dict[str, list[TrialResult]], group: list[TrialResult], first: str | None, metric: str
+) -> list[str]:
     """The candidates whose first re-measurement disagrees with their own trial beyond noise in
     a way that may have made the first round's choice: the machine's speed moved between the
     two (on a shared machine one config read 36.0 samples/s in its trial and 31.1 a minute
@@ -293,8 +328,13 @@ def drifted(by_name: dict[str, list[TrialResult]], group: list[TrialResult], fir
     out = []
     for trial in group:
         again = first_round[trial.name]
-        if trial.name == first or pick is None or not again or again[0].state is not TrialState.OK \
-                or within_noise(metric, trial, again[0]):
+        if (
+            trial.name == first
+            or pick is None
+            or not again
+            or again[0].state is not TrialState.OK
+            or within_noise(metric, trial, again[0])
+        ):
             continue  # ``first``: its trial is its first-round figure, nothing to compare it with
         value, was = again[0].metric(metric), trial.metric(metric)
         rose = value is not None and was is not None and better(metric, value, was)
@@ -318,8 +358,16 @@ def _confirmed(by_name: dict[str, list[TrialResult]], group: list[TrialResult]) 
     return out
 
 
-def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: list[TrialResult], choice: Choice,
-            metric: str, *, reused: bool, joined: str = "") -> Confirmation:
+def _decide(
+    out: Confirmation,
+    by_name: dict[str, list[TrialResult]],
+    group: list[TrialResult],
+    choice: Choice,
+    metric: str,
+    *,
+    reused: bool,
+    joined: str = "",
+) -> Confirmation:
     out.confirmed = {c.name: c for c in _confirmed(by_name, group)}
     pick = choose_best(list(out.confirmed.values()), metric)
     if pick is None:
@@ -328,7 +376,7 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
     out.best = pick.best.name
     figures = ", ".join(f"{name} {fmt_metric(metric, c)}" for name, c in out.confirmed.items())
     failed = [n for n in out.candidates if n not in out.confirmed]
-    second = [r.name for r in out.runs[_first_round(out):]]
+    second = [r.name for r in out.runs[_first_round(out) :]]
     rounds = 1 if not second else 2  # one round, or more
     letter = {r.name: "ABC"[i] for i, r in enumerate(group)}
     order = " ".join(letter[n] for n in out.candidates + second)
@@ -336,19 +384,25 @@ def _decide(out: Confirmation, by_name: dict[str, list[TrialResult]], group: lis
         order += "; A's first figure is its trial, which ran just before B in the same processes"
     verdict = pick.note or f"chose {out.best}; the others are slower beyond noise"
     if pick.ties and rounds == 1:
-        verdict += (f"; after one round none can be more than {TIE_MARGIN:.0%} faster than {out.best}, "
-                    "so no second round")
+        verdict += (
+            f"; after one round none can be more than {TIE_MARGIN:.0%} faster than {out.best}, so no second round"
+        )
     if rounds > 1 and (moved := drifted(by_name, group, out.from_trial, metric)):
         whose = "its trial" if len(moved) == 1 else "their trials"
-        verdict += (f"; {', '.join(moved)} measured again differed from {whose} beyond noise (the machine's "
-                    "speed moved between them), so one round could not settle it")
+        verdict += (
+            f"; {', '.join(moved)} measured again differed from {whose} beyond noise (the machine's "
+            "speed moved between them), so one round could not settle it"
+        )
     if left := [n for n in out.candidates if second and n not in second and n not in failed]:
-        verdict += (f"; {', '.join(left)} left out of the second round: slower beyond noise than the first "
-                    "round's pick")
+        verdict += f"; {', '.join(left)} left out of the second round: slower beyond noise than the first round's pick"
     if out.best != choice.best.name:
         verdict += f" (the trials alone had chosen {choice.best.name})"
-    out.note = (f"confirmed: measured {len(group)} configurations within noise of each other again, interleaved "
-                + ("(by an earlier run of this tuning, reused) " if reused else "") +
-                f"({order}): {figures}; " + (f"{joined}; " if joined else "") + verdict
-                + (f"; re-measuring failed for {', '.join(failed)}" if failed else ""))
+    out.note = (
+        f"confirmed: measured {len(group)} configurations within noise of each other again, interleaved "
+        + ("(by an earlier run of this tuning, reused) " if reused else "")
+        + f"({order}): {figures}; "
+        + (f"{joined}; " if joined else "")
+        + verdict
+        + (f"; re-measuring failed for {', '.join(failed)}" if failed else "")
+    )
     return out

@@ -21,6 +21,7 @@ the loser's, the machine's drift over that time is in neither interval: in bench
 it led in every round, by 6% at the median (the machine was 15-20% slower through the tuning
 than after it). Such a loser joins too where it is within DRIFT of the pick.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,7 +62,7 @@ def candidates(choice: Choice, trials: list[TrialResult], metric: str) -> Candid
     a group of one (the pick alone) needs no confirmation."""
     doubted, against, why = doubted_loser(choice, trials, metric)
     others = choice.ties + ([doubted] if doubted is not None else [])
-    group = ([choice.best] + sorted(others, key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric]))
+    group = [choice.best] + sorted(others, key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric])
     group = group[:MAX_CANDIDATES]
     if not any(r is doubted for r in group):
         doubted = against = None
@@ -108,11 +109,12 @@ def ran_between(trials: list[TrialResult], a: TrialResult, b: TrialResult) -> in
     if a.name not in names or b.name not in names:
         return 0
     i, j = sorted((names.index(a.name), names.index(b.name)))
-    return sum(t.state is not TrialState.PRUNED for t in trials[i + 1:j])
+    return sum(t.state is not TrialState.PRUNED for t in trials[i + 1 : j])
 
 
-def doubted_loser(choice: Choice, trials: list[TrialResult],
-                  metric: str) -> tuple[TrialResult, TrialResult, str] | tuple[None, None, str]:
+def doubted_loser(
+    choice: Choice, trials: list[TrialResult], metric: str
+) -> tuple[TrialResult, TrialResult, str] | tuple[None, None, str]:
     """The best trial stopped early against the figure of the pick or one of its ties where that
     figure is in doubt (see the module's doc), with the trial it was stopped against and why;
     (None, None, "") where there is none."""
@@ -121,8 +123,15 @@ def doubted_loser(choice: Choice, trials: list[TrialResult],
     found: list[tuple[TrialResult, TrialResult, str]] = []
     for r in trials:
         m = r.measurement
-        if r.name in names or r.state is not TrialState.OK or m is None or not m.early_stop \
-                or m.lost_to is None or m.lost_to_metric != metric or r.metric(metric) is None:
+        if (
+            r.name in names
+            or r.state is not TrialState.OK
+            or m is None
+            or not m.early_stop
+            or m.lost_to is None
+            or m.lost_to_metric != metric
+            or r.metric(metric) is None
+        ):
             continue
         against = next((x for x in leaders if x.metric(metric) == m.lost_to), None)
         if against is None or against.metric(metric) is None:
@@ -130,12 +139,19 @@ def doubted_loser(choice: Choice, trials: list[TrialResult],
         if unsettled(against) and inside_interval(metric, r, against) and near_pick(metric, r, choice.best):
             ma = against.measurement
             assert ma is not None, "an unsettled figure is a measured one"
-            found.append((r, against, f"which never settled (±{ma.step_time_ci95 / ma.step_time_mean:.0%} "
-                                      "at its time cap)"))
+            found.append(
+                (r, against, f"which never settled (±{ma.step_time_ci95 / ma.step_time_mean:.0%} at its time cap)")
+            )
         elif (between := ran_between(trials, r, against)) and within_drift(metric, r, choice.best):
-            found.append((r, against, f"measured {between} trial(s) before it (the machine's drift over that "
-                                      f"time is in neither interval), and it is within {DRIFT:.0%} of "
-                                      f"{choice.best.name}'s"))
+            found.append(
+                (
+                    r,
+                    against,
+                    f"measured {between} trial(s) before it (the machine's drift over that "
+                    f"time is in neither interval), and it is within {DRIFT:.0%} of "
+                    f"{choice.best.name}'s",
+                )
+            )
     if not found:
         return None, None, ""
     return max(found, key=lambda f: f[0].metric(metric) * (1 if MAXIMIZE[metric] else -1))

@@ -5,6 +5,7 @@ launch, start-up, warm-up and teardown, the overhead that warm trials and shorte
 attack. Where the user's own configuration ran as a trial, the chosen one pays the tuning back
 after the training steps whose time saved adds up to what the tuning took.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -55,23 +56,34 @@ class TuningCost:
         again = f" and {self.remeasured} re-measurement(s)" if self.remeasured else ""
         spent = f"tuning {self.wall_time:.0f} s"
         if self.earlier_time:
-            spent = (f"tuning {self.total_time:.0f} s in all ({self.wall_time:.0f} s in this run, "
-                     f"{self.earlier_time:.0f} s in the earlier runs that measured what it reused)")
-        out = [f"cost: {spent}; {self.trials} trial(s){again} took {self.trial_time:.0f} s, "
-               f"{self.measuring:.0f} s of it timed steps and {self.overhead:.0f} s launch, start-up, warm-up and "
-               f"teardown{share}"]
+            spent = (
+                f"tuning {self.total_time:.0f} s in all ({self.wall_time:.0f} s in this run, "
+                f"{self.earlier_time:.0f} s in the earlier runs that measured what it reused)"
+            )
+        out = [
+            f"cost: {spent}; {self.trials} trial(s){again} took {self.trial_time:.0f} s, "
+            f"{self.measuring:.0f} s of it timed steps and {self.overhead:.0f} s launch, start-up, warm-up and "
+            f"teardown{share}"
+        ]
         if self.launches or self.warm:
             why = f"; {'; '.join(self.cold_reasons)}" if self.cold_reasons else ""
-            out.append(f"processes: {self.warm} of {self.warm + self.launches} run(s) were warm, in processes "
-                       f"an earlier trial launched; {self.launches} launch(es){why}")
+            out.append(
+                f"processes: {self.warm} of {self.warm + self.launches} run(s) were warm, in processes "
+                f"an earlier trial launched; {self.launches} launch(es){why}"
+            )
         if self.payback_note:
             out.append(f"payback: {self.payback_note}")
         return out
 
 
-def tuning_cost(trials: list[TrialResult], best: TrialResult | None, own: TrialSpec | None,
-                wall_time: float, remeasured: list[TrialResult] | None = None,
-                earlier_time: float = 0.0) -> TuningCost:
+def tuning_cost(
+    trials: list[TrialResult],
+    best: TrialResult | None,
+    own: TrialSpec | None,
+    wall_time: float,
+    remeasured: list[TrialResult] | None = None,
+    earlier_time: float = 0.0,
+) -> TuningCost:
     """``remeasured``: runs that confirmed the choice, counted in the time (not as trials);
     ``earlier_time``: see TuningCost."""
     ran = [t for t in trials if t.state is not TrialState.PRUNED]
@@ -81,21 +93,32 @@ def tuning_cost(trials: list[TrialResult], best: TrialResult | None, own: TrialS
     started = [t for t in ran + confirming if t.start]  # launched by this tuning or a recent one (older: unknown)
     reasons = [t.start.split(": ", 1)[1] for t in started if t.start.startswith("cold: ")]
     reasons += [f"retired after {t.name}: {t.retired}" for t in started if t.retired]
-    cost = TuningCost(wall_time=wall_time, trial_time=trial_time, earlier_time=earlier_time, measuring=measuring,
-                      overhead=max(0.0, trial_time - measuring), trials=len(ran), remeasured=len(confirming),
-                      warm=sum(t.warm for t in started), launches=sum(not t.warm for t in started),
-                      cold_reasons=list(dict.fromkeys(reasons)))
+    cost = TuningCost(
+        wall_time=wall_time,
+        trial_time=trial_time,
+        earlier_time=earlier_time,
+        measuring=measuring,
+        overhead=max(0.0, trial_time - measuring),
+        trials=len(ran),
+        remeasured=len(confirming),
+        warm=sum(t.warm for t in started),
+        launches=sum(not t.warm for t in started),
+        cold_reasons=list(dict.fromkeys(reasons)),
+    )
     cost.payback_steps, cost.payback_note = _payback(trials, best, own, max(cost.total_time, trial_time))
     return cost
 
 
-def _payback(trials: list[TrialResult], best: TrialResult | None, own: TrialSpec | None,
-             spent: float) -> tuple[int | None, str]:
+def _payback(
+    trials: list[TrialResult], best: TrialResult | None, own: TrialSpec | None, spent: float
+) -> tuple[int | None, str]:
     if best is None or best.measurement is None:
         return None, ""
     if own is None:
-        return None, ("your ds_config leaves the stage or micro-batch to the search, so there is no config of "
-                      "yours to compare with")
+        return None, (
+            "your ds_config leaves the stage or micro-batch to the search, so there is no config of "
+            "yours to compare with"
+        )
     mine = next((t for t in trials if t.spec == own and t.state is TrialState.OK and t.measurement), None)
     if mine is None:
         return None, f"your own config ({own.name}) was not measured, so the time saved is unknown"
@@ -105,5 +128,7 @@ def _payback(trials: list[TrialResult], best: TrialResult | None, own: TrialSpec
     if per_sample_saved <= 0:
         return None, f"the choice is not faster per sample than your own config ({own.name})"
     steps = int(spent / (per_sample_saved * best.measurement.samples_per_step)) + 1
-    return steps, (f"after {steps} training steps at the choice, against your own config {own.name} "
-                   f"({best.measurement.throughput / mine.measurement.throughput:.2f}x its throughput)")
+    return steps, (
+        f"after {steps} training steps at the choice, against your own config {own.name} "
+        f"({best.measurement.throughput / mine.measurement.throughput:.2f}x its throughput)"
+    )

@@ -11,6 +11,7 @@ starts before the answer is written, asks once itself and keeps what it got.
 The answer lives in the results folder for one tuning only: :func:`prefetch` removes the last
 tuning's before asking, so a folder moved to another machine never answers for it.
 """
+
 from __future__ import annotations
 
 import copy

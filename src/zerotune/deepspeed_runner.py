@@ -6,6 +6,7 @@ The exact answer needs DeepSpeed's parser, and importing DeepSpeed takes seconds
 process (3 s on the CI machine: 4% of a CPU tuning). So its option names are first read from its
 source without importing it: arguments none of which can be taken for one of them need no parse.
 """
+
 from __future__ import annotations
 
 import ast
@@ -53,9 +54,13 @@ def runner_options() -> frozenset[str] | None:
     parse_args = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "parse_args"), None)
     if parse_args is None:
         return None
-    names = {a.value for call in ast.walk(parse_args) if isinstance(call, ast.Call)
-             and isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"
-             for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")}
+    names = {
+        a.value
+        for call in ast.walk(parse_args)
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "add_argument"
+        for a in call.args
+        if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("-")
+    }
     return frozenset(names | {"-h", "--help"}) if names else None
 
 

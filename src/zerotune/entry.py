@@ -6,6 +6,7 @@
 FUNCTION is called with the ds_config as a dict, in every rank; it calls deepspeed.initialize
 with it. This is how ``Autotuner(train_fn, ds_config)`` runs ``train_fn`` in trial processes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,13 +41,17 @@ def target_of(fn: Callable) -> str:
     qualname = getattr(fn, "__qualname__", "")
     module = getattr(fn, "__module__", None)
     if not qualname or "<" in qualname:
-        raise ConfigError(f"{fn!r} cannot be run in trial processes: define it at the top level of a module "
-                          "(not a lambda or a nested function)")
+        raise ConfigError(
+            f"{fn!r} cannot be run in trial processes: define it at the top level of a module "
+            "(not a lambda or a nested function)"
+        )
     if module == "__main__":
         main_file = getattr(sys.modules.get("__main__"), "__file__", None)
         if not main_file:
-            raise ConfigError(f"{qualname} is defined in an interactive session; trial processes cannot import "
-                              "it. Put it in a .py file and import it from there")
+            raise ConfigError(
+                f"{qualname} is defined in an interactive session; trial processes cannot import "
+                "it. Put it in a .py file and import it from there"
+            )
         return f"{os.path.abspath(main_file)}:{qualname}"
     if module is None:
         raise ConfigError(f"{fn!r} has no module; pass a function defined in a .py file")

@@ -5,6 +5,7 @@ config.json, or a Python factory ``module:function`` built on the meta device (n
 weights). Activations come from the config's shape (Korthikanti et al., no recomputation) when it
 is known.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -20,8 +21,16 @@ from ._errors import ConfigError
 from .memory_terms import MemorySetup, estimate, largest_micro_batch
 
 _COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
-VARIANTS = [(0, "none", "none"), (1, "none", "none"), (1, "cpu", "none"), (2, "none", "none"), (2, "cpu", "none"),
-            (3, "none", "none"), (3, "cpu", "none"), (3, "cpu", "cpu")]
+VARIANTS = [
+    (0, "none", "none"),
+    (1, "none", "none"),
+    (1, "cpu", "none"),
+    (2, "none", "none"),
+    (2, "cpu", "none"),
+    (3, "none", "none"),
+    (3, "cpu", "none"),
+    (3, "cpu", "cpu"),
+]
 MAX_PARAMS = 10**14  # beyond any model trained today: a typo, not a model
 
 
@@ -56,8 +65,14 @@ def parse_count(text: str, *, what: str) -> int:
 
 def _first(cfg: dict[str, Any], *keys: str) -> Any:
     """The first of ``keys`` that holds a plausible size (a positive number below 10^9)."""
-    return next((cfg[k] for k in keys if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg[k], bool)
-                 and 0 < cfg[k] < 1e9), None)
+    return next(
+        (
+            cfg[k]
+            for k in keys
+            if isinstance(cfg.get(k), (int, float)) and not isinstance(cfg[k], bool) and 0 < cfg[k] < 1e9
+        ),
+        None,
+    )
 
 
 def _no_constants(name: str) -> None:
@@ -76,28 +91,38 @@ def from_hf_config(path: str | Path, seq_len: int | None = None) -> ModelSize:
     except ValueError as e:
         raise ConfigError(f"--hf-config {str(path)!r}: {e}; give finite numbers") from None
     if not isinstance(cfg, dict):
-        raise ConfigError(f"--hf-config {str(path)!r} must hold a JSON object {{...}} (a model's config.json), not "
-                          f"{type(cfg).__name__}")
+        raise ConfigError(
+            f"--hf-config {str(path)!r} must hold a JSON object {{...}} (a model's config.json), not "
+            f"{type(cfg).__name__}"
+        )
     h = _first(cfg, "hidden_size", "n_embd", "d_model")
     layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers")
     vocab = _first(cfg, "vocab_size")
     for key in ("hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "num_layers", "vocab_size"):
         if key in cfg and _first(cfg, key) is None:
-            raise ConfigError(f"--hf-config {str(path)!r}: {key} is {json.dumps(cfg[key])[:40]}, not a size; give a "
-                              "positive whole number below 10^9 (a model's own config.json has one)")
+            raise ConfigError(
+                f"--hf-config {str(path)!r}: {key} is {json.dumps(cfg[key])[:40]}, not a size; give a "
+                "positive whole number below 10^9 (a model's own config.json has one)"
+            )
     if not (h and layers and vocab):
-        raise ConfigError(f"--hf-config {str(path)!r} lacks hidden_size, num_hidden_layers or vocab_size; "
-                          "give --params instead")
+        raise ConfigError(
+            f"--hf-config {str(path)!r} lacks hidden_size, num_hidden_layers or vocab_size; give --params instead"
+        )
     heads = _first(cfg, "num_attention_heads", "n_head") or max(1, h // 64)
     ffn = _first(cfg, "intermediate_size", "n_inner", "ffn_dim") or 4 * h
     seq = seq_len or _first(cfg, "max_position_embeddings", "n_positions", "seq_length") or 2048
     mlp = (3 if "intermediate_size" in cfg and cfg.get("hidden_act", "") in ("silu", "swiglu") else 2) * h * ffn
-    params = int(layers * (4 * h * h + mlp + 4 * h) + vocab * h + (0 if cfg.get("tie_word_embeddings", True)
-                                                                      else vocab * h))
+    params = int(
+        layers * (4 * h * h + mlp + 4 * h) + vocab * h + (0 if cfg.get("tie_word_embeddings", True) else vocab * h)
+    )
     # Per layer and sample s*h*(34 + 5*a*s/h) bytes in half precision, plus the logits (half + fp32).
     act = layers * seq * h * (34 + 5 * heads * seq / h) + seq * vocab * 6
-    return ModelSize(num_params=params, largest_layer=max(vocab * h, h * ffn), activation_per_sample=act,
-                     source=f"{path}: hidden {h}, layers {layers}, heads {heads}, vocabulary {vocab}, sequence {seq}")
+    return ModelSize(
+        num_params=params,
+        largest_layer=max(vocab * h, h * ffn),
+        activation_per_sample=act,
+        source=f"{path}: hidden {h}, layers {layers}, heads {heads}, vocabulary {vocab}, sequence {seq}",
+    )
 
 
 def from_factory(spec: str) -> ModelSize:
@@ -136,22 +161,45 @@ def from_factory(spec: str) -> ModelSize:
     return ModelSize(num_params=params, largest_layer=largest or None, source=f"{spec}: {type(model).__name__}")
 
 
-def table(size: ModelSize, *, dp: int, precision: str, device_memory: int, overhead: float,
-          candidates: list[int], processes_per_node: int) -> list[dict[str, Any]]:
+def table(
+    size: ModelSize,
+    *,
+    dp: int,
+    precision: str,
+    device_memory: int,
+    overhead: float,
+    candidates: list[int],
+    processes_per_node: int,
+) -> list[dict[str, Any]]:
     """One row per stage x offload: device peak at the smallest micro-batch, host per node, and the
     largest micro-batch that fits (None when none does, "?" when activations are unknown)."""
     rows = []
     for stage, off_opt, off_param in VARIANTS:
-        setup = MemorySetup(num_params=size.num_params, largest_layer=size.largest_layer, dp=dp, precision=precision,
-                            stage=stage, offload_optimizer=off_opt, offload_param=off_param, overhead=overhead,
-                            activation_per_sample=(size.activation_per_sample or 0.0) * (1 if precision != "fp32"
-                                                                                         else 2))
+        setup = MemorySetup(
+            num_params=size.num_params,
+            largest_layer=size.largest_layer,
+            dp=dp,
+            precision=precision,
+            stage=stage,
+            offload_optimizer=off_opt,
+            offload_param=off_param,
+            overhead=overhead,
+            activation_per_sample=(size.activation_per_sample or 0.0) * (1 if precision != "fp32" else 2),
+        )
         b = estimate(setup, candidates[0])
         fits = largest_micro_batch(setup, device_memory, candidates)
-        rows.append({"stage": stage, "offload_optimizer": off_opt, "offload_param": off_param,
-                     "device_bytes": b.device_total, "host_bytes_per_node": b.host_total * processes_per_node,
-                     "breakdown": b.device, "host_breakdown": b.host,
-                     "largest_micro_batch": fits if size.activation_per_sample is not None or fits is None else "?"})
+        rows.append(
+            {
+                "stage": stage,
+                "offload_optimizer": off_opt,
+                "offload_param": off_param,
+                "device_bytes": b.device_total,
+                "host_bytes_per_node": b.host_total * processes_per_node,
+                "breakdown": b.device,
+                "host_breakdown": b.host,
+                "largest_micro_batch": fits if size.activation_per_sample is not None or fits is None else "?",
+            }
+        )
     return rows
 
 
@@ -183,13 +231,26 @@ def profile(command: list[str], *, num_gpus: int, results_dir: Path, precision: 
     searcher.spec = TrialSpec(stage=stage, micro_batch=mb, grad_accum=gas)
     result = tuner.tune().trials[0]
     if result.state is not TrialState.OK or not result.static_memory or not result.num_params:
-        raise ConfigError(f"the profiling trial {result.name} ended {result.state.value}: {result.reason}; "
-                          f"see {results_dir}")
+        raise ConfigError(
+            f"the profiling trial {result.name} ended {result.state.value}: {result.reason}; see {results_dir}"
+        )
     peak, static = result.max_peak, max(result.static_memory)
-    states = model_states(MemorySetup(num_params=result.num_params, dp=tuner.trials.dp, stage=stage, precision=precision,
-                                      reduce_bucket_size=0, allgather_bucket_size=0, prefetch_bucket_size=0))
-    size = ModelSize(num_params=result.num_params, activation_per_sample=max(0.0, (peak - static) / mb),
-                     source=f"profiled: {result.name} of {command[0]} on {num_gpus} {tuner.node.device} process(es)")
+    states = model_states(
+        MemorySetup(
+            num_params=result.num_params,
+            dp=tuner.trials.dp,
+            stage=stage,
+            precision=precision,
+            reduce_bucket_size=0,
+            allgather_bucket_size=0,
+            prefetch_bucket_size=0,
+        )
+    )
+    size = ModelSize(
+        num_params=result.num_params,
+        activation_per_sample=max(0.0, (peak - static) / mb),
+        source=f"profiled: {result.name} of {command[0]} on {num_gpus} {tuner.node.device} process(es)",
+    )
     return size, max(0.0, static - states)
 
 
@@ -209,8 +270,7 @@ def from_args(args) -> Estimate:
         if not args.command:
             raise ConfigError("--profile needs the script after it: --profile train.py --deepspeed_config ds.json")
         out = Path(tempfile.mkdtemp(prefix="zerotune-profile-"))
-        size, measured_overhead = profile(args.command, num_gpus=1, results_dir=out,
-                                          precision=args.precision)
+        size, measured_overhead = profile(args.command, num_gpus=1, results_dir=out, precision=args.precision)
     elif args.params:
         size = ModelSize(num_params=parse_count(args.params, what="--params"), source=f"--params {args.params}")
         if args.largest_layer:
@@ -222,8 +282,10 @@ def from_args(args) -> Estimate:
     elif args.factory:
         size = from_factory(args.factory)
     else:
-        raise ConfigError("give the model's size: --params 1.3B, --hf-config config.json, --factory module:function "
-                          "or --profile script.py ...")
+        raise ConfigError(
+            "give the model's size: --params 1.3B, --hf-config config.json, --factory module:function "
+            "or --profile script.py ..."
+        )
     if args.activation_per_sample:
         size.activation_per_sample = parse_size(args.activation_per_sample, what="--activation-per-sample")
     device_memory = parse_size(args.device_memory, what="--device-memory")
@@ -235,10 +297,19 @@ def from_args(args) -> Estimate:
     candidates = [2**i for i in range(11)]
     if args.global_batch is not None:
         if not 1 <= args.global_batch <= MAX_GLOBAL_BATCH or args.global_batch % dp:
-            raise ConfigError(f"--global-batch {args.global_batch} must be a multiple of the {dp} devices from 1 to "
-                              f"{MAX_GLOBAL_BATCH}")
+            raise ConfigError(
+                f"--global-batch {args.global_batch} must be a multiple of the {dp} devices from 1 to "
+                f"{MAX_GLOBAL_BATCH}"
+            )
         per_device = args.global_batch // dp
         candidates = [c for c in range(1, min(per_device, MAX_MICRO_BATCH) + 1) if per_device % c == 0]
-    rows = table(size, dp=dp, precision=args.precision, device_memory=device_memory, overhead=overhead,
-                 candidates=candidates, processes_per_node=args.num_gpus)
+    rows = table(
+        size,
+        dp=dp,
+        precision=args.precision,
+        device_memory=device_memory,
+        overhead=overhead,
+        candidates=candidates,
+        processes_per_node=args.num_gpus,
+    )
     return Estimate(size=size, rows=rows, devices=dp, device_memory=device_memory, overhead=overhead)

@@ -1,4 +1,5 @@
 """Where am I: device type, count and memory of this node (torch imported only when asked)."""
+
 from __future__ import annotations
 
 import os
@@ -29,6 +30,5 @@ def detect() -> Node:
     import torch
 
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        return Node("cuda", torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory,
-                    host_memory())
+        return Node("cuda", torch.cuda.device_count(), torch.cuda.get_device_properties(0).total_memory, host_memory())
     return Node("cpu", os.cpu_count() or 1, None, host_memory())

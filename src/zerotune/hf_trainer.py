@@ -8,6 +8,7 @@ trial sets the micro-batch and the accumulation through those arguments (unless 
 
 transformers is imported only inside the script's processes, never here.
 """
+
 from __future__ import annotations
 
 import re
@@ -54,5 +55,11 @@ class HfTrainerTarget(ScriptTarget):
         """The mapped options' values in the command, or TrainingArguments' defaults for the
         Trainer's own options where the command does not give them."""
         given = super().script_batch(mappings)
-        return {**{k: TRAINER_DEFAULTS[k] for k, flag in mappings.items() if flag == TRAINER_ARGS.get(k)
-                   and self.command.option_value(flag) is None}, **given}
+        return {
+            **{
+                k: TRAINER_DEFAULTS[k]
+                for k, flag in mappings.items()
+                if flag == TRAINER_ARGS.get(k) and self.command.option_value(flag) is None
+            },
+            **given,
+        }

@@ -3,6 +3,7 @@ script up to ``trainer.fit`` once (no training), and the config form Lightning a
 
 Lightning itself is imported only inside the script's process (``zerotune.probe``), never here.
 """
+
 from __future__ import annotations
 
 import copy
@@ -109,11 +110,15 @@ class LightningTarget(Target):
     def processes(self, num_gpus: int | None) -> int:
         job = self.job
         if job.num_nodes != 1:
-            raise ConfigError(f"the Trainer asks for num_nodes={job.num_nodes}; zerotune tunes on one node: tune "
-                              "with num_nodes=1, then train on more nodes with the config it writes")
+            raise ConfigError(
+                f"the Trainer asks for num_nodes={job.num_nodes}; zerotune tunes on one node: tune "
+                "with num_nodes=1, then train on more nodes with the config it writes"
+            )
         if num_gpus is not None and num_gpus != job.world_size:
-            raise ConfigError(f"--num-gpus {num_gpus} does not match the Trainer's devices={job.world_size}; "
-                              f"pass --num-gpus {job.world_size} (or leave it out) or change the Trainer")
+            raise ConfigError(
+                f"--num-gpus {num_gpus} does not match the Trainer's devices={job.world_size}; "
+                f"pass --num-gpus {job.world_size} (or leave it out) or change the Trainer"
+            )
         return job.world_size
 
     @property
@@ -134,14 +139,22 @@ class LightningTarget(Target):
         import shlex
 
         words = ["python", self.script, *self.trial_args(optimal, mapped)]
-        line = " ".join(cluster.env_words() + [f"PL_DEEPSPEED_CONFIG_PATH={shlex.quote(str(optimal.resolve()))}"]
-                        + [shlex.quote(w) for w in words]) + "\n"
+        line = (
+            " ".join(
+                cluster.env_words()
+                + [f"PL_DEEPSPEED_CONFIG_PATH={shlex.quote(str(optimal.resolve()))}"]
+                + [shlex.quote(w) for w in words]
+            )
+            + "\n"
+        )
         if self.job.strategy == "AutotuneDeepSpeedStrategy":
             return line
         mb, gas = trainer_settings(config, self.job.world_size)
-        return (f"# {self.job.strategy} takes the stage and ZeRO settings from this config, but not the batch: set "
-                f"batch_size={mb} and Trainer(accumulate_grad_batches={gas}) in the script, or use "
-                "strategy=\"deepspeed_autotune\" (zerotune.lightning), which sets both from the config.\n" + line)
+        return (
+            f"# {self.job.strategy} takes the stage and ZeRO settings from this config, but not the batch: set "
+            f"batch_size={mb} and Trainer(accumulate_grad_batches={gas}) in the script, or use "
+            'strategy="deepspeed_autotune" (zerotune.lightning), which sets both from the config.\n' + line
+        )
 
     def own_spec(self, request, dp: int):
         """What the program trains with untuned: its strategy's stage (Lightning's default 2),
@@ -169,8 +182,10 @@ def is_tuned_config(config: dict[str, Any]) -> bool:
     """A config that fixes everything zerotune tunes (stage, micro-batch, global batch), such as
     the ds_config_optimal.json it writes: train with it, nothing to tune."""
     stage = (config.get("zero_optimization") or {}).get("stage")
-    return all(isinstance(v, int) and not isinstance(v, bool) for v in
-               (stage, config.get("train_micro_batch_size_per_gpu"), config.get("train_batch_size")))
+    return all(
+        isinstance(v, int) and not isinstance(v, bool)
+        for v in (stage, config.get("train_micro_batch_size_per_gpu"), config.get("train_batch_size"))
+    )
 
 
 def trainer_settings(config: dict[str, Any], world_size: int) -> tuple[int, int]:
@@ -182,8 +197,10 @@ def trainer_settings(config: dict[str, Any], world_size: int) -> tuple[int, int]
     if tbs is None:
         return mb, 1
     if tbs % (mb * world_size):
-        raise ConfigError(f"train_batch_size {tbs} is not micro-batch {mb} x accumulation x {world_size} processes; "
-                          "use the ds_config_optimal.json that zerotune wrote for this number of devices")
+        raise ConfigError(
+            f"train_batch_size {tbs} is not micro-batch {mb} x accumulation x {world_size} processes; "
+            "use the ds_config_optimal.json that zerotune wrote for this number of devices"
+        )
     return mb, tbs // (mb * world_size)
 
 
@@ -195,8 +212,9 @@ def looks_like_lightning(script: str) -> bool:
     return bool(re.search(r"^\s*(import|from)\s+(lightning|pytorch_lightning)\b", text, re.M))
 
 
-def inspect_script(script: str, args: list[str], out_dir: Path, env: dict[str, str],
-                   timeout: float = 300.0) -> LightningJob:
+def inspect_script(
+    script: str, args: list[str], out_dir: Path, env: dict[str, str], timeout: float = 300.0
+) -> LightningJob:
     """Run the script in one process until its ``trainer.fit`` call and read what it asks for."""
     from .results_folder import claim
     from .store import write_json
@@ -205,8 +223,13 @@ def inspect_script(script: str, args: list[str], out_dir: Path, env: dict[str, s
     out_dir.mkdir(parents=True, exist_ok=True)
     result = out_dir / INSPECT
     result.unlink(missing_ok=True)
-    spec = {"mode": "inspect", "script": script, "args": args, "out_dir": str(out_dir.resolve()),
-            "local_rank_arg": False}
+    spec = {
+        "mode": "inspect",
+        "script": script,
+        "args": args,
+        "out_dir": str(out_dir.resolve()),
+        "local_rank_arg": False,
+    }
     write_json(out_dir / "probe.json", spec)
     env = {**env, "ZEROTUNE_PROBE": str((out_dir / "probe.json").resolve())}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):  # one plain process, not a rank of a job
@@ -214,20 +237,30 @@ def inspect_script(script: str, args: list[str], out_dir: Path, env: dict[str, s
     log = out_dir / "inspect.log"
     try:
         with open(log, "wb") as f:
-            proc = subprocess.run([sys.executable, "-u", "-m", "zerotune.probe"], env=env, stdout=f,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=timeout)
+            proc = subprocess.run(
+                [sys.executable, "-u", "-m", "zerotune.probe"],
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+            )
     except subprocess.TimeoutExpired:
         raise LaunchError(f"{script} did not reach trainer.fit within {timeout:.0f} s; see {log}") from None
     if not result.exists():
         tail = log.read_text(errors="replace").strip().splitlines()[-5:]
-        raise LaunchError(f"{script} ended (status {proc.returncode}) without calling trainer.fit, so zerotune "
-                          "found nothing to tune; give a Lightning script that calls trainer.fit, or a DeepSpeed "
-                          "script with --deepspeed_config ds.json. Its last output:\n  " + "\n  ".join(tail))
+        raise LaunchError(
+            f"{script} ended (status {proc.returncode}) without calling trainer.fit, so zerotune "
+            "found nothing to tune; give a Lightning script that calls trainer.fit, or a DeepSpeed "
+            "script with --deepspeed_config ds.json. Its last output:\n  " + "\n  ".join(tail)
+        )
     job = LightningJob.from_dict(json.loads(result.read_text()))
     if not job.deepspeed:
-        raise ConfigError(f"{script} trains with Lightning's {job.strategy}, not DeepSpeed; use "
-                          'Trainer(strategy="deepspeed_autotune") (after import zerotune.lightning) or '
-                          'strategy="deepspeed" so that zerotune can tune it')
+        raise ConfigError(
+            f"{script} trains with Lightning's {job.strategy}, not DeepSpeed; use "
+            'Trainer(strategy="deepspeed_autotune") (after import zerotune.lightning) or '
+            'strategy="deepspeed" so that zerotune can tune it'
+        )
     return job
 
 
@@ -258,9 +291,19 @@ def write_cache(job: LightningJob, result) -> Path | None:
     path = cache_entry(job.cache_dir, job.fingerprint)
     path.parent.mkdir(parents=True, exist_ok=True)
     mb, gas = trainer_settings(result.best_config, job.world_size)
-    write_json(path, {"fingerprint": job.fingerprint, "best": result.best.name, "metric": result.metric,
-                      "value": result.best.metric(result.metric), "batch_size": mb, "accumulate_grad_batches": gas,
-                      "config": result.best_config, "results_dir": str(Path(result.results_dir).resolve())})
+    write_json(
+        path,
+        {
+            "fingerprint": job.fingerprint,
+            "best": result.best.name,
+            "metric": result.metric,
+            "value": result.best.metric(result.metric),
+            "batch_size": mb,
+            "accumulate_grad_batches": gas,
+            "config": result.best_config,
+            "results_dir": str(Path(result.results_dir).resolve()),
+        },
+    )
     return path
 
 

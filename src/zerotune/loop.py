@@ -4,6 +4,7 @@ With one slot (the default on CPU, or one trial's worth of GPUs) this is the pla
 run, observe. With more, a searcher that can propose before earlier results return (grid,
 random, model-based) keeps every slot busy; the micro-batch search asks one at a time.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,16 @@ if TYPE_CHECKING:
 class PhaseRun:
     """Runs the phases of one tuning, one after another, on the same trials and throughput model."""
 
-    def __init__(self, trials: TrialFactory, launcher: Launcher, slots: list[Slot], record: TuningRecord, *,
-                 start: float, time_budget: float | None):
+    def __init__(
+        self,
+        trials: TrialFactory,
+        launcher: Launcher,
+        slots: list[Slot],
+        record: TuningRecord,
+        *,
+        start: float,
+        time_budget: float | None,
+    ):
         """``start``: when the tuning started (time.monotonic); ``time_budget``: seconds after
         which no trial is launched (None: no limit)."""
         self.factory, self.launcher, self.slots, self.record = trials, launcher, list(slots), record
@@ -102,8 +111,9 @@ class PhaseRun:
         time budget) stops the search before this trial."""
         factory, record, spec, index = self.factory, self.record, suggestion.spec, len(self.trials)
         if suggestion.prune_reason:
-            result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=suggestion.prune_reason,
-                                 budget=factory.budget)
+            result = TrialResult(
+                spec=spec, state=TrialState.PRUNED, reason=suggestion.prune_reason, budget=factory.budget
+            )
             record.emit("pruned", index, spec, result, suggestion.prune_reason)
             return result
         cfg = factory.config_for(spec)
@@ -121,8 +131,13 @@ class PhaseRun:
             record.note(f"stopped at the time budget of {self.time_budget:g} s")
             return None
         if reason := self._predicted_loser(spec, prediction):
-            result = TrialResult(spec=spec, state=TrialState.PRUNED, reason=reason, budget=factory.budget,
-                                 predicted=prediction.throughput)
+            result = TrialResult(
+                spec=spec,
+                state=TrialState.PRUNED,
+                reason=reason,
+                budget=factory.budget,
+                predicted=prediction.throughput,
+            )
             record.emit("pruned", index, spec, result, reason)
             return result
         job = factory.make_job(record.store, spec, cfg)
@@ -131,8 +146,12 @@ class PhaseRun:
         lead = figure_of(best.best, self.metric) if best is not None else None
         if lead is not None and self.metric in ("throughput", "latency") and math.isfinite(lead.rel_se):
             # A leader without an interval (one timed step) cannot show anything slower.
-            job.to_beat = {"metric": self.metric, "value": lead.value, "rel_se": lead.rel_se,
-                           "df": lead.df if math.isfinite(lead.df) else None}
+            job.to_beat = {
+                "metric": self.metric,
+                "value": lead.value,
+                "rel_se": lead.rel_se,
+                "df": lead.df if math.isfinite(lead.df) else None,
+            }
         record.launching()
         return job
 
@@ -152,7 +171,9 @@ class PhaseRun:
         bound = best.metric(metric) - (best.metric_ci(metric) or 0.0)
         if prediction.throughput * (1 + error) >= bound or prediction.upper >= bound:
             return ""
-        return (f"throughput model: predicted {prediction.throughput:.1f} samples/s from {prediction.basis}; "
-                f"even {error:.0%} higher (the model's largest error so far), or at {prediction.upper:.1f} (the fast "
-                f"end of the interval its trials' own give it), it stays below {best.name} at "
-                f"{fmt_metric(metric, best)}")
+        return (
+            f"throughput model: predicted {prediction.throughput:.1f} samples/s from {prediction.basis}; "
+            f"even {error:.0%} higher (the model's largest error so far), or at {prediction.upper:.1f} (the fast "
+            f"end of the interval its trials' own give it), it stays below {best.name} at "
+            f"{fmt_metric(metric, best)}"
+        )

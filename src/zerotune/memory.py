@@ -12,6 +12,7 @@ points cannot show), widened away from the measured micro-batches as a regressio
 interval is, and for a transferred stage widened again by the analytic terms' error. The search
 keeps ``upper()`` under the budget, and prunes a whole stage only when ``lower()`` is above it.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,7 +70,7 @@ class LinearFit:
         if not self.exact:
             return self.transfer
         spread = 1 + 1 / self.n + ((micro_batch - self.mean_mb) ** 2 / self.sxx if self.sxx else 0.0)
-        return math.sqrt(self.sigma ** 2 * spread + self.transfer ** 2)
+        return math.sqrt(self.sigma**2 * spread + self.transfer**2)
 
     def upper(self, micro_batch: int) -> float:
         return self.predict(micro_batch) + Z * self.uncertainty(micro_batch)
@@ -87,13 +88,27 @@ class MemoryModel:
     buckets from the user's config); default: Adam in fp32 (or mixed when ``mixed_precision``).
     ``num_params``, when known before any trial, lets stages be pruned by model states alone."""
 
-    def __init__(self, *, dp: int, mixed_precision: bool,
-                 setup_for: Callable[[int, int], MemorySetup] | None = None, num_params: int | None = None):
+    def __init__(
+        self,
+        *,
+        dp: int,
+        mixed_precision: bool,
+        setup_for: Callable[[int, int], MemorySetup] | None = None,
+        num_params: int | None = None,
+    ):
         self.dp = dp
         self.mixed_precision = mixed_precision
-        self.setup_for = setup_for or (lambda stage, n: MemorySetup(
-            num_params=n, dp=dp, stage=stage, precision="bf16" if mixed_precision else "fp32",
-            reduce_bucket_size=0, allgather_bucket_size=0, prefetch_bucket_size=0))
+        self.setup_for = setup_for or (
+            lambda stage, n: MemorySetup(
+                num_params=n,
+                dp=dp,
+                stage=stage,
+                precision="bf16" if mixed_precision else "fp32",
+                reduce_bucket_size=0,
+                allgather_bucket_size=0,
+                prefetch_bucket_size=0,
+            )
+        )
         self.points: dict[int, list[Point]] = {}
         self.num_params = num_params
         """Known before any trial (model_info, a Lightning model) or from the first trial."""
@@ -103,13 +118,15 @@ class MemoryModel:
     def observe(self, result: TrialResult) -> None:
         if result.state is TrialState.OOM and result.peak_memory:
             self.floors.setdefault((result.spec.stage, result.spec.overrides), []).append(
-                Point(result.spec.micro_batch, max(result.peak_memory), max(result.static_memory or [0])))
+                Point(result.spec.micro_batch, max(result.peak_memory), max(result.static_memory or [0]))
+            )
             return
         if result.state is not TrialState.OK or not result.peak_memory or not result.static_memory:
             return
         self.num_params = self.num_params or result.num_params
         self.points.setdefault(result.spec.stage, []).append(
-            Point(result.spec.micro_batch, max(result.peak_memory), max(result.static_memory)))
+            Point(result.spec.micro_batch, max(result.peak_memory), max(result.static_memory))
+        )
 
     def fit(self, stage: int) -> LinearFit | None:
         pts = self.points.get(stage)
@@ -121,8 +138,10 @@ class MemoryModel:
             return _fit(min(self.points.items(), key=lambda kv: abs(kv[0] - stage))[1])
         states = {s: model_states(self.setup_for(s, self.num_params)) for s in [*self.points, stage]}
         # What the analytic terms leave out (overhead, activations), from every measured stage.
-        residual = {s: [Point(p.micro_batch, int(p.peak - states[s]), int(p.static - states[s])) for p in pts]
-                    for s, pts in self.points.items()}
+        residual = {
+            s: [Point(p.micro_batch, int(p.peak - states[s]), int(p.static - states[s])) for p in pts]
+            for s, pts in self.points.items()
+        }
         peaks = [p.peak for pts in self.points.values() for p in pts]
         base = _fit([p for pts in residual.values() for p in pts], scale=sum(peaks) / len(peaks))
         # The analytic terms are trusted for what changes between stages to TRANSFER_REL of the
@@ -131,8 +150,16 @@ class MemoryModel:
         change = min(abs(states[stage] - states[s]) for s in self.points)
         statics = [_fit(pts).static for pts in residual.values()]
         transfer = math.hypot(TRANSFER_REL * change, (max(statics) - min(statics)) / 2)
-        return LinearFit(base.static + states[stage], base.per_sample, base.exact, base.sigma, base.n,
-                         base.mean_mb, base.sxx, transfer)
+        return LinearFit(
+            base.static + states[stage],
+            base.per_sample,
+            base.exact,
+            base.sigma,
+            base.n,
+            base.mean_mb,
+            base.sxx,
+            transfer,
+        )
 
     def floor(self, stage: int, micro_batch: int, overrides: tuple = ()) -> tuple[float, Point] | None:
         """What ``micro_batch`` needs at least by the stage's out-of-memory trials (with these

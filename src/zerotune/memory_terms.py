@@ -9,6 +9,7 @@ then gathers one layer, plus the prefetch bucket, at a time). Offload moves the 
 (and with stage 3 the weights) to host memory. ZeRO's communication buckets, activations (bytes
 per sample, calibrated from trials) and a fixed runtime overhead complete the device side.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -71,14 +72,19 @@ class MemorySetup:
             value = (zero.get(block) or {}).get("device", "none") if isinstance(zero.get(block), dict) else "none"
             return value if value in ("cpu", "nvme") else "none"
 
-        return cls(num_params=num_params, dp=dp, mp=mp, stage=stage,
-                   precision=next((k for k in ("bf16", "fp16") if (config.get(k) or {}).get("enabled")), "fp32"),
-                   offload_optimizer=device("offload_optimizer") if stage >= 1 else "none",
-                   offload_param=device("offload_param") if stage == 3 else "none",
-                   reduce_bucket_size=number("reduce_bucket_size", 5e8),
-                   allgather_bucket_size=number("allgather_bucket_size", 5e8),
-                   overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
-                   prefetch_bucket_size=number("stage3_prefetch_bucket_size", 5e7))
+        return cls(
+            num_params=num_params,
+            dp=dp,
+            mp=mp,
+            stage=stage,
+            precision=next((k for k in ("bf16", "fp16") if (config.get(k) or {}).get("enabled")), "fp32"),
+            offload_optimizer=device("offload_optimizer") if stage >= 1 else "none",
+            offload_param=device("offload_param") if stage == 3 else "none",
+            reduce_bucket_size=number("reduce_bucket_size", 5e8),
+            allgather_bucket_size=number("allgather_bucket_size", 5e8),
+            overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
+            prefetch_bucket_size=number("stage3_prefetch_bucket_size", 5e7),
+        )
 
     @property
     def weight_bytes(self) -> int:
@@ -126,12 +132,18 @@ def estimate(s: MemorySetup, micro_batch: int) -> Breakdown:
         params = 2 * w * layer + (0.0 if s.offload_param != "none" else w * p / dp)
         grads = 0.0  # reduced straight into the fp32 partition (part of the optimizer term)
         buffers = w * min(s.prefetch_bucket_size, p)
-    out.device = {"params": params, "gradients": grads,
-                  "optimizer": 0.0 if s.offload_optimizer != "none" else opt_total,
-                  "buffers": buffers, "activations": s.activation_per_sample * micro_batch,
-                  "overhead": s.overhead}
-    out.host = {"optimizer": opt_total if s.offload_optimizer != "none" else 0.0,
-                "params": w * p / dp if s.offload_param != "none" else 0.0}
+    out.device = {
+        "params": params,
+        "gradients": grads,
+        "optimizer": 0.0 if s.offload_optimizer != "none" else opt_total,
+        "buffers": buffers,
+        "activations": s.activation_per_sample * micro_batch,
+        "overhead": s.overhead,
+    }
+    out.host = {
+        "optimizer": opt_total if s.offload_optimizer != "none" else 0.0,
+        "params": w * p / dp if s.offload_param != "none" else 0.0,
+    }
     return out
 
 

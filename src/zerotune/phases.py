@@ -3,6 +3,7 @@
 Each phase is a searcher (what to try) with an optional stopping rule (when to stop); the
 :class:`~zerotune.tuner.Autotuner` runs them in turn and each sees every trial before it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -32,8 +33,9 @@ def offload_searcher(factory: TrialFactory, record: TuningRecord) -> Searcher | 
     zero = factory.request.space_config.get("zero_optimization") or {}
     if factory.offload is False or zero.get("offload_optimizer") or zero.get("offload_param"):
         return None
-    if factory.offload is None and (any(t.state is TrialState.OK for t in trials)
-                                  or not any(t.state is TrialState.OOM for t in trials)):
+    if factory.offload is None and (
+        any(t.state is TrialState.OK for t in trials) or not any(t.state is TrialState.OOM for t in trials)
+    ):
         return None
     stages = [s for s in factory.request.stages if s >= 1]
     if not stages:
@@ -41,15 +43,24 @@ def offload_searcher(factory: TrialFactory, record: TuningRecord) -> Searcher | 
     common: tuple = (("zero_optimization.offload_optimizer.device", "cpu"),)
     if "optimizer" not in factory.request.space_config:  # a client optimizer: let DeepSpeed offload it
         common += (("zero_force_ds_cpu_optimizer", False),)
-    overrides = {s: common + ((("zero_optimization.offload_param.device", "cpu"),) if s == 3 else ())
-                 for s in stages}
-    record.note(("nothing fit without offload: " if factory.offload is None else "")
-                + f"searching stages {stages} with offload to cpu")
+    overrides = {s: common + ((("zero_optimization.offload_param.device", "cpu"),) if s == 3 else ()) for s in stages}
+    record.note(
+        ("nothing fit without offload: " if factory.offload is None else "")
+        + f"searching stages {stages} with offload to cpu"
+    )
     at = factory.request.autotuning
     return MicroBatchSearch(
-        stages=stages, candidates=factory.candidates(), global_batch=factory.request.global_batch, dp=factory.dp,
-        grad_accum=1, budget=factory.budget, metric=at.metric, num_micro_batches=at.num_tuning_micro_batch_sizes,
-        memory=factory.memory_model(overrides), overrides=overrides)
+        stages=stages,
+        candidates=factory.candidates(),
+        global_batch=factory.request.global_batch,
+        dp=factory.dp,
+        grad_accum=1,
+        budget=factory.budget,
+        metric=at.metric,
+        num_micro_batches=at.num_tuning_micro_batch_sizes,
+        memory=factory.memory_model(overrides),
+        overrides=overrides,
+    )
 
 
 def knob_searchers(factory: TrialFactory, record: TuningRecord) -> Iterator[tuple[Searcher, EarlyStopping]]:
@@ -70,25 +81,35 @@ def knob_searchers(factory: TrialFactory, record: TuningRecord) -> Iterator[tupl
             continue
         overall = choose_best(trials, at.metric)
         if clearly_worse(at.metric, bests[key], overall.best, CANNOT_WIN_MARGIN):
-            record.note(f"stage {stage}: knobs not searched; its best {bests[key].name} measured over "
-                        f"{CANNOT_WIN_MARGIN:.0%} behind {overall.best.name}, beyond noise")
+            record.note(
+                f"stage {stage}: knobs not searched; its best {bests[key].name} measured over "
+                f"{CANNOT_WIN_MARGIN:.0%} behind {overall.best.name}, beyond noise"
+            )
             continue
-        space = Space(stage=stage, dims=(*dims, Dimension(MICRO_BATCH, _around(factory, bests[key].spec.micro_batch))),
-                      global_batch=factory.request.global_batch, dp=factory.dp, default_gas=bests[key].spec.grad_accum,
-                      fixed=fixed)
-        known = {p.name: r for r in groups[key]
-                 if (p := space.point_of(r.spec, factory.request.base(stage))) is not None}
+        space = Space(
+            stage=stage,
+            dims=(*dims, Dimension(MICRO_BATCH, _around(factory, bests[key].spec.micro_batch))),
+            global_batch=factory.request.global_batch,
+            dp=factory.dp,
+            default_gas=bests[key].spec.grad_accum,
+            fixed=fixed,
+        )
+        known = {
+            p.name: r for r in groups[key] if (p := space.point_of(r.spec, factory.request.base(stage))) is not None
+        }
         names = ", ".join(SHORT_KEYS.get(d.key, d.key.rsplit(".", 1)[-1]) or d.key for d in space.dims)
         record.note(f"stage {stage}: searching {space.size} configurations ({names}) with {at.tuner_type}")
-        searcher = SEARCHERS[at.tuner_type](space, metric=at.metric, check=_checker(factory, stage, fixed, groups[key]),
-                                            known=known, seed=SEED)
+        searcher = SEARCHERS[at.tuner_type](
+            space, metric=at.metric, check=_checker(factory, stage, fixed, groups[key]), known=known, seed=SEED
+        )
         yield searcher, EarlyStopping(at.tuner_early_stopping, at.metric, overall.best)
 
 
 def _knobbed(spec: TrialSpec) -> bool:
     """A trial of a knob search (it sets a knob beyond offload)."""
-    return any(not k.startswith(("zero_optimization.offload_", "zero_force_ds_cpu_optimizer"))
-               for k, _ in spec.overrides)
+    return any(
+        not k.startswith(("zero_optimization.offload_", "zero_force_ds_cpu_optimizer")) for k, _ in spec.overrides
+    )
 
 
 def _around(factory: TrialFactory, mb: int) -> tuple[int, ...]:
@@ -96,7 +117,7 @@ def _around(factory: TrialFactory, mb: int) -> tuple[int, ...]:
     room for the next size up, and the memory check prunes it where they do not."""
     cands = factory.candidates()
     i = cands.index(mb) if mb in cands else min(range(len(cands)), key=lambda j: abs(cands[j] - mb))
-    return tuple(cands[max(0, i - 1):i + 2])
+    return tuple(cands[max(0, i - 1) : i + 2])
 
 
 def _checker(factory: TrialFactory, stage: int, fixed: tuple, measured: list[TrialResult]):
@@ -115,8 +136,9 @@ def _checker(factory: TrialFactory, stage: int, fixed: tuple, measured: list[Tri
         fit, n = model.fit(stage), model.num_params
         if fit is None or n is None:
             return None
-        delta = (model_states(MemorySetup.from_config(cfg, num_params=n, dp=factory.dp, mp=factory.mp))
-                 - model_states(model.setup_for(stage, n)))
+        delta = model_states(MemorySetup.from_config(cfg, num_params=n, dp=factory.dp, mp=factory.mp)) - model_states(
+            model.setup_for(stage, n)
+        )
         predicted, margin = fit.predict(spec.micro_batch) + delta, Z * fit.uncertainty(spec.micro_batch)
         if predicted + margin > factory.budget:
             return f"predicted {format_size(predicted)} ± {format_size(margin)} > budget {format_size(factory.budget)}"

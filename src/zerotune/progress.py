@@ -1,5 +1,6 @@
 """Watching a tuning: a live status line over one line per event (rich), or one JSON object per
 event for machines. Both read only :class:`~zerotune.tuner.TuningEvent`s; the core never prints."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,10 @@ class ProgressState:
         if not self.durations:
             return None
         mean = sum(self.durations) / len(self.durations)
-        left = max(0, self.max_trials - self.launched) * mean / self.slots + \
-            sum(max(0.0, mean - (time.monotonic() - t)) for t in self.running.values()) / self.slots
+        left = (
+            max(0, self.max_trials - self.launched) * mean / self.slots
+            + sum(max(0.0, mean - (time.monotonic() - t)) for t in self.running.values()) / self.slots
+        )
         if self.time_budget is not None:
             left = min(left, max(0.0, self.time_budget - (time.monotonic() - self.start)) + mean)
         return left
@@ -64,8 +67,10 @@ class ProgressState:
         """Two lines: where the tuning stands, then what runs and what leads (a narrow terminal
         crops the second, never the first)."""
         now = time.monotonic()
-        head = [f"trial {self.launched} of at most {self.max_trials}",
-                " ".join(f"{k} {self.counts[k]}" for k in ("ok", "oom", "pruned", "failed"))]
+        head = [
+            f"trial {self.launched} of at most {self.max_trials}",
+            " ".join(f"{k} {self.counts[k]}" for k in ("ok", "oom", "pruned", "failed")),
+        ]
         left = self.time_left()
         if left is not None:
             head.append(f"at most {_duration(left)} left")
@@ -104,8 +109,12 @@ class ProgressPrinter:
 
     def __enter__(self) -> ProgressPrinter:
         if not self.quiet and self.console.is_terminal:
-            self._live = Live(get_renderable=lambda: Text(self.state.status(), style="dim"), console=self.console,
-                              refresh_per_second=2, transient=True)
+            self._live = Live(
+                get_renderable=lambda: Text(self.state.status(), style="dim"),
+                console=self.console,
+                refresh_per_second=2,
+                transient=True,
+            )
             self._live.__enter__()
         return self
 
@@ -127,15 +136,19 @@ class ProgressPrinter:
             tag = " (from disk)" if event.kind == "reused" else f" {r.wall_time:.0f} s"
             value = fmt_metric(self.metric, r) if r.state.value == "ok" else r.reason
             color = "green" if r.state.value == "ok" else "yellow"
-            self.console.print(f"[dim]trial {n}[/] {safe(r.name)} [{color}]{r.state.value}[/] {safe(value)}  "
-                               f"peak {format_size(r.max_peak)}{tag}")
+            self.console.print(
+                f"[dim]trial {n}[/] {safe(r.name)} [{color}]{r.state.value}[/] {safe(value)}  "
+                f"peak {format_size(r.max_peak)}{tag}"
+            )
         elif event.kind == "pruned":
             self.console.print(f"[dim]trial {n}[/] {safe(event.spec.name)} [blue]pruned[/] {safe(event.message)}")
         elif event.kind == "confirm":
             r = event.result
             value = fmt_metric(self.metric, r) if r.state.value == "ok" else r.reason
-            self.console.print(f"[dim]confirm[/] {safe(r.name)} {r.state.value} {safe(value)}  "
-                               f"({safe(event.message)}, {r.wall_time:.0f} s)")
+            self.console.print(
+                f"[dim]confirm[/] {safe(r.name)} {r.state.value} {safe(value)}  "
+                f"({safe(event.message)}, {r.wall_time:.0f} s)"
+            )
         elif event.kind == "best":
             self.console.print(f"  [bold]best so far:[/] {safe(event.result.name)}")
         elif event.kind == "note":
@@ -163,14 +176,23 @@ class JsonEvents:
 
     def __call__(self, event) -> None:
         self.state.update(event)
-        out: dict[str, Any] = {"event": event.kind, "time": round(time.time(), 3), "index": event.index,
-                               "max_trials": event.max_trials}
+        out: dict[str, Any] = {
+            "event": event.kind,
+            "time": round(time.time(), 3),
+            "index": event.index,
+            "max_trials": event.max_trials,
+        }
         if event.spec is not None:
             out.update(trial=event.spec.name, config=event.spec.to_dict())
         r = event.result
         if r is not None:
-            out.update(trial=r.name, state=r.state.value, reason=r.reason, peak_memory=r.max_peak,
-                       wall_time=round(r.wall_time, 3))
+            out.update(
+                trial=r.name,
+                state=r.state.value,
+                reason=r.reason,
+                peak_memory=r.max_peak,
+                wall_time=round(r.wall_time, 3),
+            )
             if r.metric(self.metric) is not None:
                 out.update(metric=self.metric, value=r.metric(self.metric), ci95=r.metric_ci(self.metric))
         if event.message:
@@ -182,9 +204,19 @@ class JsonEvents:
     def result(self, result) -> None:
         """The last line: the outcome."""
         best = result.best
-        self.stream.write(json.dumps({
-            "event": "result", "best": best.name if best else None,
-            "value": result.best_metric[0] if best else None, "metric": result.metric,
-            "results_dir": str(result.results_dir), "notes": result.notes, "env": result.env,
-            "cost": result.cost.to_dict() if result.cost is not None else None}) + "\n")
+        self.stream.write(
+            json.dumps(
+                {
+                    "event": "result",
+                    "best": best.name if best else None,
+                    "value": result.best_metric[0] if best else None,
+                    "metric": result.metric,
+                    "results_dir": str(result.results_dir),
+                    "notes": result.notes,
+                    "env": result.env,
+                    "cost": result.cost.to_dict() if result.cost is not None else None,
+                }
+            )
+            + "\n"
+        )
         self.stream.flush()

@@ -1,4 +1,5 @@
 """Comparing measured configurations honestly: by metric direction and measured noise."""
+
 from __future__ import annotations
 
 import math
@@ -115,24 +116,36 @@ def choose_best(results: list[TrialResult], metric: str) -> Choice | None:
     ties = [r for r in ok if r is not best and tied_with(metric, r, best)]
     note = ""
     if best is not top:
-        note = (f"{best.name} is within noise of the fastest, {top.name} ({fmt_metric(metric, top)} vs "
-                f"{fmt_metric(metric, best)}), and shown at most {TIE_MARGIN:.0%} slower; chose {best.name} "
-                "for its memory headroom")
+        note = (
+            f"{best.name} is within noise of the fastest, {top.name} ({fmt_metric(metric, top)} vs "
+            f"{fmt_metric(metric, best)}), and shown at most {TIE_MARGIN:.0%} slower; chose {best.name} "
+            "for its memory headroom"
+        )
     elif ties:
-        note = (f"{len(ties)} other trial(s) within noise of {best.name}: " + ", ".join(r.name for r in ties)
-                + "; the choice between them is not certain")
+        note = (
+            f"{len(ties)} other trial(s) within noise of {best.name}: "
+            + ", ".join(r.name for r in ties)
+            + "; the choice between them is not certain"
+        )
         leaner = [r for r in ties if (r.max_peak or 0) < (best.max_peak or 0)]
         lean = min(leaner, key=lambda r: r.max_peak or 0) if leaner else None
         if lean is not None and not weighed:
             share = (best.max_peak or 0) / (best.budget or 1)
-            note += (f"; {lean.name} has more memory headroom, but {best.name}'s peak is {share:.0%} of the memory "
-                     f"budget, below the {HEADROOM_MATTERS:.0%} where headroom is weighed, so the fastest stands")
+            note += (
+                f"; {lean.name} has more memory headroom, but {best.name}'s peak is {share:.0%} of the memory "
+                f"budget, below the {HEADROOM_MATTERS:.0%} where headroom is weighed, so the fastest stands"
+            )
         elif lean is not None:
             bound = most_faster(best, lean, metric)
-            cost = (f"it may be up to {bound:.1%} slower (95%)" if math.isfinite(bound)
-                    else "its cost is unknown (a measurement of one timed step has no interval)")
-            note += (f"; {lean.name} has more memory headroom, but {cost}, more than the {TIE_MARGIN:.0%} "
-                     "headroom may cost, so the fastest stands")
+            cost = (
+                f"it may be up to {bound:.1%} slower (95%)"
+                if math.isfinite(bound)
+                else "its cost is unknown (a measurement of one timed step has no interval)"
+            )
+            note += (
+                f"; {lean.name} has more memory headroom, but {cost}, more than the {TIE_MARGIN:.0%} "
+                "headroom may cost, so the fastest stands"
+            )
     return Choice(best, ties, note)
 
 

@@ -9,6 +9,7 @@ code, arguments, the trial's ds_config, the topology and the measurement setting
 failed is retried when the settings that failed it (timeouts, memory budget) changed, and always
 with ``retry_failed``.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,10 +29,14 @@ from .trial import TrialResult, TrialSpec, TrialState
 if TYPE_CHECKING:
     from .ranking import Choice
 
-IDENTITY_PARTS = {"code": "the script changed", "args": "the script's arguments changed",
-                  "config": "its ds_config changed", "topology": "the processes, nodes or devices changed",
-                  "measure": "the measurement settings changed",
-                  "env": "the environment the trials run with changed (threads, accelerator, allocator)"}
+IDENTITY_PARTS = {
+    "code": "the script changed",
+    "args": "the script's arguments changed",
+    "config": "its ds_config changed",
+    "topology": "the processes, nodes or devices changed",
+    "measure": "the measurement settings changed",
+    "env": "the environment the trials run with changed (threads, accelerator, allocator)",
+}
 """Parts of a trial's identity, and what a rerun says when one differs."""
 FAILED = (TrialState.CRASHED, TrialState.TIMEOUT, TrialState.OOM)
 
@@ -63,17 +68,30 @@ class Identity:
     """Settings under which a trial can fail without its configuration being at fault."""
 
     def of(self, config: dict[str, Any]) -> dict[str, str]:
-        return {"code": self.code, "args": fingerprint(self.args), "config": fingerprint(config),
-                "topology": fingerprint(self.topology), "measure": fingerprint(self.measure),
-                "env": fingerprint(self.env)}
+        return {
+            "code": self.code,
+            "args": fingerprint(self.args),
+            "config": fingerprint(config),
+            "topology": fingerprint(self.topology),
+            "measure": fingerprint(self.measure),
+            "env": fingerprint(self.env),
+        }
 
 
 class TuningRecord:
     """The store, this tuning's trials and its events. Built fresh by each ``tune()``."""
 
-    def __init__(self, root: Path, *, identity: Identity, session: dict[str, Any],
-                 previous: dict[str, Any] | None = None, retry_failed: bool = False, max_trials: int = 0,
-                 on_event: Callable[[TuningEvent], None] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        identity: Identity,
+        session: dict[str, Any],
+        previous: dict[str, Any] | None = None,
+        retry_failed: bool = False,
+        max_trials: int = 0,
+        on_event: Callable[[TuningEvent], None] | None = None,
+    ):
         """``previous``: the folder's record before this tuning (the trial folders it made stay
         this folder's, see results_folder)."""
         self.store = ResultStore(root, made=made(previous), on_made=lambda name: self.write_session(self._state))
@@ -94,8 +112,14 @@ class TuningRecord:
         """The trial leading so far (see :meth:`lead`)."""
 
     # -- events --------------------------------------------------------------------------------
-    def emit(self, kind: str, index: int = 0, spec: TrialSpec | None = None, result: TrialResult | None = None,
-             message: str = "") -> None:
+    def emit(
+        self,
+        kind: str,
+        index: int = 0,
+        spec: TrialSpec | None = None,
+        result: TrialResult | None = None,
+        message: str = "",
+    ) -> None:
         self.on_event(TuningEvent(kind, index, self.max_trials, spec, result, message))
 
     def note(self, message: str) -> None:
@@ -143,8 +167,11 @@ class TuningRecord:
         """One line on the trials an earlier tuning left here: how many can be reused, and why
         the others will run again. ``config_of`` gives the ds_config a spec runs with now."""
         # Pruned trials are decided afresh by every tuning, never reused: not counted.
-        stored = {name: data for name, data in self.store.stored().items()
-                  if (data.get("result") or {}).get("state") != TrialState.PRUNED.value}
+        stored = {
+            name: data
+            for name, data in self.store.stored().items()
+            if (data.get("result") or {}).get("state") != TrialState.PRUNED.value
+        }
         if not stored:
             return None
         reusable, why = 0, Counter()
@@ -194,21 +221,42 @@ class TuningRecord:
         self.write_session("running")
 
     def save(self, result: TrialResult, config: dict[str, Any]) -> None:
-        self.store.save(result, {"key": self.key(config), "identity": self.identity.of(config),
-                                 "failure": self.identity.failure})
+        self.store.save(
+            result, {"key": self.key(config), "identity": self.identity.of(config), "failure": self.identity.failure}
+        )
 
-    def write_session(self, state: str, *, wall: float = 0.0, notes: list[str] | None = None,
-                      best: str | None = None, best_config: dict[str, Any] | None = None,
-                      remeasured: list[dict[str, Any]] | None = None, confirm_from_trial: str | None = None) -> None:
+    def write_session(
+        self,
+        state: str,
+        *,
+        wall: float = 0.0,
+        notes: list[str] | None = None,
+        best: str | None = None,
+        best_config: dict[str, Any] | None = None,
+        remeasured: list[dict[str, Any]] | None = None,
+        confirm_from_trial: str | None = None,
+    ) -> None:
         """``remeasured``: the re-measurements that confirmed the choice ``best``;
         ``confirm_from_trial``: the candidate whose trial stood as its first-round figure."""
         self._state = state
-        write_json(self.root / SESSION, {MARK: __version__, **self.session, "state": state, "pid": os.getpid(),
-                                         "made": sorted(self.store.made), "wall_time": wall,
-                                         "earlier_time": self.earlier_time,
-                                         "trials": [t.name for t in self.trials], "notes": list(notes or self.notes),
-                                         "best": best, "best_config": best_config, "remeasured": remeasured or [],
-                                         "confirm_from_trial": confirm_from_trial})
+        write_json(
+            self.root / SESSION,
+            {
+                MARK: __version__,
+                **self.session,
+                "state": state,
+                "pid": os.getpid(),
+                "made": sorted(self.store.made),
+                "wall_time": wall,
+                "earlier_time": self.earlier_time,
+                "trials": [t.name for t in self.trials],
+                "notes": list(notes or self.notes),
+                "best": best,
+                "best_config": best_config,
+                "remeasured": remeasured or [],
+                "confirm_from_trial": confirm_from_trial,
+            },
+        )
 
     def clear_outputs(self) -> None:
         """Remove an earlier tuning's outputs as this one starts (they are written again when it
@@ -224,14 +272,19 @@ def read_session(root: Path) -> dict[str, Any]:
     """``tuning.json`` of a results folder, or a ZerotuneError that says what is wrong with it."""
     path = Path(root) / SESSION
     if not path.is_file():
-        raise ZerotuneError(f"{root} holds no zerotune results ({SESSION} is missing); give the results_dir "
-                            "of a tuning run")
+        raise ZerotuneError(
+            f"{root} holds no zerotune results ({SESSION} is missing); give the results_dir of a tuning run"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise ZerotuneError(f"{path} is damaged ({type(e).__name__}); rerun the tuning command to rebuild it "
-                            "(finished trials are reused)") from None
+        raise ZerotuneError(
+            f"{path} is damaged ({type(e).__name__}); rerun the tuning command to rebuild it "
+            "(finished trials are reused)"
+        ) from None
     if not isinstance(data, dict):
-        raise ZerotuneError(f"{path} is damaged (not a JSON object); rerun the tuning command to rebuild it "
-                            "(finished trials are reused)")
+        raise ZerotuneError(
+            f"{path} is damaged (not a JSON object); rerun the tuning command to rebuild it "
+            "(finished trials are reused)"
+        )
     return data

@@ -1,4 +1,5 @@
 """Terminal rendering of results (rich); progress while tuning is in progress.py."""
+
 from __future__ import annotations
 
 import shlex
@@ -23,8 +24,9 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
     table.add_column(f"best {UNITS[result.metric]}", no_wrap=True)
     table.add_column("best trial", overflow="fold")
     for row in result.summary_rows():
-        table.add_row(*(safe(str(row[k])) for k in ("stage", "trials", "ok", "oom", "failed", "pruned", "best",
-                                                      "best_trial")))
+        table.add_row(
+            *(safe(str(row[k])) for k in ("stage", "trials", "ok", "oom", "failed", "pruned", "best", "best_trial"))
+        )
     console.print(table)
     if line := result.state_line():
         console.print(f"[yellow]{safe(line)}[/]")
@@ -33,8 +35,9 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
     if result.best is not None:
         b = result.best
         label = "best" if result.state == "finished" else "best so far"
-        console.print(f"[bold green]{label}:[/] {safe(b.name)}  {result.best_figures()}  "
-                      f"peak {format_size(b.max_peak)}/rank")
+        console.print(
+            f"[bold green]{label}:[/] {safe(b.name)}  {result.best_figures()}  peak {format_size(b.max_peak)}/rank"
+        )
         if line := result.env_line():
             console.print(safe(line))
     for note in result.notes:
@@ -58,25 +61,51 @@ def print_estimate(args) -> int:
     est = from_args(args)
     size, dp, device_memory, overhead = est.size, est.devices, est.device_memory, est.overhead
     if args.json:
-        print(json.dumps({"model": {"num_params": size.num_params, "largest_layer": size.largest_layer,
-                                    "activation_per_sample": size.activation_per_sample, "source": size.source},
-                          "devices": dp, "device_memory": device_memory, "precision": args.precision,
-                          "rows": est.rows}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": {
+                        "num_params": size.num_params,
+                        "largest_layer": size.largest_layer,
+                        "activation_per_sample": size.activation_per_sample,
+                        "source": size.source,
+                    },
+                    "devices": dp,
+                    "device_memory": device_memory,
+                    "precision": args.precision,
+                    "rows": est.rows,
+                },
+                indent=2,
+            )
+        )
         return 0
     console = Console(highlight=False)
-    t = Table(title=f"zerotune estimate: {size.num_params / 1e9:.3g}B parameters, {dp} devices "
-                    f"({args.num_nodes} node(s)), {args.precision}, {format_size(device_memory)} per device")
+    t = Table(
+        title=f"zerotune estimate: {size.num_params / 1e9:.3g}B parameters, {dp} devices "
+        f"({args.num_nodes} node(s)), {args.precision}, {format_size(device_memory)} per device"
+    )
     for col in ("stage", "offload", "device (mb 1)", "host per node", "largest micro-batch"):
         t.add_column(col)
     for r in est.rows:
-        off = "+".join(n for n, v in (("optimizer", r["offload_optimizer"]), ("params", r["offload_param"]))
-                       if v != "none") or "none"
+        off = (
+            "+".join(
+                n for n, v in (("optimizer", r["offload_optimizer"]), ("params", r["offload_param"])) if v != "none"
+            )
+            or "none"
+        )
         fits = r["largest_micro_batch"]
-        t.add_row(str(r["stage"]), off, format_size(r["device_bytes"]), format_size(r["host_bytes_per_node"]),
-                  "[red]does not fit[/]" if fits is None else str(fits))
+        t.add_row(
+            str(r["stage"]),
+            off,
+            format_size(r["device_bytes"]),
+            format_size(r["host_bytes_per_node"]),
+            "[red]does not fit[/]" if fits is None else str(fits),
+        )
     console.print(t)
     console.print(f"[dim]model: {safe(size.source)}; fixed overhead {format_size(overhead)} per device[/]")
     if size.activation_per_sample is None:
-        console.print("[dim]activations unknown (give --hf-config or --activation-per-sample): '?' means the model "
-                      "states fit at micro-batch 1 and the limit depends on activations[/]")
+        console.print(
+            "[dim]activations unknown (give --hf-config or --activation-per-sample): '?' means the model "
+            "states fit at micro-batch 1 and the limit depends on activations[/]"
+        )
     return 0

@@ -1,4 +1,5 @@
 """Outputs of a tuning: summary.txt, results.json, ds_config_optimal.json, cmd_optimal.txt."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,16 +23,29 @@ def write_optimal_config(config: dict[str, Any], path: Path) -> Path:
 def summary_text(result: TuningResult) -> str:
     rows = result.summary_rows()
     head = ["stage", "trials", "ok", "oom", "failed", "pruned", "best " + UNITS[result.metric], "best trial"]
-    table = [[str(r["stage"]), str(r["trials"]), str(r["ok"]), str(r["oom"]), str(r["failed"]), str(r["pruned"]),
-              r["best"], r["best_trial"]] for r in rows]
+    table = [
+        [
+            str(r["stage"]),
+            str(r["trials"]),
+            str(r["ok"]),
+            str(r["oom"]),
+            str(r["failed"]),
+            str(r["pruned"]),
+            r["best"],
+            r["best_trial"],
+        ]
+        for r in rows
+    ]
     widths = [max(len(h), *(len(row[i]) for row in table)) if table else len(h) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in table]
     lines.append("")
     if result.best is not None:
         b = result.best
-        lines.append(f"best: {b.name}  {result.best_figures()}  peak memory {format_size(b.max_peak)} "
-                     f"per rank (budget {format_size(b.budget)})")
+        lines.append(
+            f"best: {b.name}  {result.best_figures()}  peak memory {format_size(b.max_peak)} "
+            f"per rank (budget {format_size(b.budget)})"
+        )
         if line := result.env_line():
             lines.append(line)
     else:
@@ -47,13 +61,26 @@ def summary_text(result: TuningResult) -> str:
     lines.append("")
     # The figures first, in 80 columns for the usual names; why a trial was not chosen ends the line.
     width = max([len("trial")] + [len(t.name) for t in result.trials]) + 1
-    lines.append("trial".ljust(width) + "state".ljust(8) + UNITS[result.metric].ljust(14) + "predicted".ljust(10)
-                 + "steps".ljust(16) + "peak/rank".ljust(11) + "why not chosen")
+    lines.append(
+        "trial".ljust(width)
+        + "state".ljust(8)
+        + UNITS[result.metric].ljust(14)
+        + "predicted".ljust(10)
+        + "steps".ljust(16)
+        + "peak/rank".ljust(11)
+        + "why not chosen"
+    )
     for t in result.trials:
         predicted = f"{t.predicted:.1f}" if t.predicted is not None else "-"
-        lines.append(t.name.ljust(width) + t.state.value.ljust(8) + fmt_value(result.metric, t).ljust(14)
-                     + predicted.ljust(10) + _steps(t).ljust(16) + format_size(t.max_peak).ljust(11)
-                     + result.why_lost(t))
+        lines.append(
+            t.name.ljust(width)
+            + t.state.value.ljust(8)
+            + fmt_value(result.metric, t).ljust(14)
+            + predicted.ljust(10)
+            + _steps(t).ljust(16)
+            + format_size(t.max_peak).ljust(11)
+            + result.why_lost(t)
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -70,8 +97,15 @@ def write_outputs(result: TuningResult, target: Target, cluster: Cluster, mapped
     ``mapped``, the script options that carry its batch sizes), then the target's own outputs."""
     root = result.results_dir
     write_atomic(root / "summary.txt", summary_text(result))
-    write_json(root / "results.json", {"metric": result.metric, "best": result.best.name if result.best else None,
-                                       "trials": [t.to_dict() for t in result.trials], "notes": result.notes})
+    write_json(
+        root / "results.json",
+        {
+            "metric": result.metric,
+            "best": result.best.name if result.best else None,
+            "trials": [t.to_dict() for t in result.trials],
+            "notes": result.notes,
+        },
+    )
     if result.best_config is None:
         return  # the tuning's start removed an earlier choice: none stands beside "best: none"
     optimal = write_optimal_config(result.best_config, root / "ds_config_optimal.json")

@@ -3,6 +3,7 @@
 Each ``*_data`` function is pure: trials in, plain rows out, so that tests check what a figure
 shows without looking at pixels.
 """
+
 from __future__ import annotations
 
 import re
@@ -30,8 +31,9 @@ LOO_LIMIT = 20
 """Above this many peers a memory prediction leaves out one of ten folds instead of one trial."""
 
 
-def throughput_data(trials: list[TrialResult], metric: str,
-                    limit: int = MAX_SERIES) -> dict[str, list[tuple[int, float, float]]]:
+def throughput_data(
+    trials: list[TrialResult], metric: str, limit: int = MAX_SERIES
+) -> dict[str, list[tuple[int, float, float]]]:
     """Per configuration (stage and knobs), ``(micro_batch, value, ci95)`` of its OK trials; the
     ``limit`` configurations with the best values."""
     from .ranking import MAXIMIZE
@@ -39,7 +41,9 @@ def throughput_data(trials: list[TrialResult], metric: str,
     out: dict[str, list[tuple[int, float, float]]] = {}
     for t in trials:
         if t.state is TrialState.OK and t.metric(metric) is not None:
-            out.setdefault(series_label(t), []).append((t.spec.micro_batch, t.metric(metric), t.metric_ci(metric) or 0.0))
+            out.setdefault(series_label(t), []).append(
+                (t.spec.micro_batch, t.metric(metric), t.metric_ci(metric) or 0.0)
+            )
     sign = -1 if MAXIMIZE[metric] else 1
     kept = sorted(out, key=lambda k: min(sign * v for _, v, _ in out[k]))[:limit]
     return {k: sorted(out[k]) for k in sorted(kept)}
@@ -69,7 +73,7 @@ def memory_data(trials: list[TrialResult], dp: int) -> list[MemoryPoint]:
         for fold in range(folds):
             held = peers[fold::folds]
             model = MemoryModel(dp=dp, mixed_precision=False)
-            for p in (peers if len(peers) < 3 else [p for p in peers if p not in held]):
+            for p in peers if len(peers) < 3 else [p for p in peers if p not in held]:
                 model.observe(p)
             for t in held:
                 fit = model.fit(t.spec.stage)
@@ -105,6 +109,7 @@ def timeline_data(trials: list[TrialResult], results_dir: Path) -> list[Span]:
 
 def config_diff(user: dict[str, Any], chosen: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """``(dotted key, user's value, chosen value)`` for every key that differs (None: absent)."""
+
     def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in d.items():
@@ -119,8 +124,14 @@ def config_diff(user: dict[str, Any], chosen: dict[str, Any]) -> list[tuple[str,
 
 
 # -- figures ---------------------------------------------------------------------------------------
-COLORS = {"ok": "#2b8a3e", "oom": "#e8590c", "pruned": "#1c7ed6", "crashed": "#c92a2a", "timeout": "#862e9c",
-          "killed": "#495057"}
+COLORS = {
+    "ok": "#2b8a3e",
+    "oom": "#e8590c",
+    "pruned": "#1c7ed6",
+    "crashed": "#c92a2a",
+    "timeout": "#862e9c",
+    "killed": "#495057",
+}
 
 
 def _pyplot():
@@ -160,11 +171,22 @@ def plot_memory(points: list[MemoryPoint], budget: int | None, path: Path) -> Pa
     for i, stage in enumerate(sorted({p.stage for p in points})):
         color = f"C{i}"
         mine = [p for p in points if p.stage == stage]
-        ax.scatter([p.micro_batch for p in mine], [p.measured / gib for p in mine], marker="o", color=color,
-                   label=f"stage {stage} measured")
+        ax.scatter(
+            [p.micro_batch for p in mine],
+            [p.measured / gib for p in mine],
+            marker="o",
+            color=color,
+            label=f"stage {stage} measured",
+        )
         pred = [p for p in mine if p.predicted is not None]
-        ax.scatter([p.micro_batch for p in pred], [p.predicted / gib for p in pred], marker="x", color=color,
-                   s=60, label=f"stage {stage} predicted")
+        ax.scatter(
+            [p.micro_batch for p in pred],
+            [p.predicted / gib for p in pred],
+            marker="x",
+            color=color,
+            s=60,
+            label=f"stage {stage} predicted",
+        )
     title = "peak memory: measured vs predicted"
     top = max((p.measured for p in points), default=0)
     if budget and budget <= 2 * top:

@@ -4,6 +4,7 @@ figures as PNG files, from what a finished or interrupted tuning left on disk.
 Every string that came from the user or a trial (names, reasons, config values, paths) is
 HTML-escaped; the page loads nothing from anywhere.
 """
+
 from __future__ import annotations
 
 import base64
@@ -49,8 +50,10 @@ def _table(header: list[str], rows: list[list[Any]], classes: list[str] | None =
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
         f'<tr class="{html.escape(classes[i]) if classes else ""}">'
-        + "".join(f"<td>{html.escape('' if v is None else str(v))}</td>" for v in row) + "</tr>"
-        for i, row in enumerate(rows))
+        + "".join(f"<td>{html.escape('' if v is None else str(v))}</td>" for v in row)
+        + "</tr>"
+        for i, row in enumerate(rows)
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -76,10 +79,14 @@ def write_report(results_dir: str | Path) -> Path:
     memory = rf.memory_data(result.trials, dp)
     spans = rf.timeline_data(result.trials, root)
     images = [
-        _img(rf.plot_throughput(throughput, result.metric, figs / "throughput.png"),
-             f"{result.metric} versus micro-batch per configuration, with 95% intervals"),
-        _img(rf.plot_memory(memory, budget, figs / "memory.png"),
-             "peak memory per rank, measured and predicted, with the budget"),
+        _img(
+            rf.plot_throughput(throughput, result.metric, figs / "throughput.png"),
+            f"{result.metric} versus micro-batch per configuration, with 95% intervals",
+        ),
+        _img(
+            rf.plot_memory(memory, budget, figs / "memory.png"),
+            "peak memory per rank, measured and predicted, with the budget",
+        ),
         _img(rf.plot_timeline(spans, figs / "timeline.png"), "when each trial ran, by state"),
     ]
     best = result.best
@@ -92,22 +99,41 @@ def write_report(results_dir: str | Path) -> Path:
         f"<p>state: <b>{html.escape(str(session.get('state', '?')))}</b>, {len(result.trials)} trials, "
         f"budget {html.escape(format_size(budget) if budget else 'none')} per device, "
         f"{html.escape(str(session.get('device', '')))}</p>",
-        ("<h2>Chosen</h2><p id='best'><b>" + html.escape(best.name) + "</b> "
-         + html.escape(result.best_figures()) + f", peak {html.escape(format_size(best.max_peak))}"
-         + " per rank</p>") if best else "<h2>Chosen</h2><p id='best'>no configuration ran successfully</p>",
-        "<h3>Against your config</h3>" + (_table(["key", "yours", "chosen"], [list(d) for d in diff])
-                                         if diff else "<p>no difference</p>"),
-        "<h2>Throughput</h2>" + images[0], "<h2>Memory</h2>" + images[1], "<h2>Timeline</h2>" + images[2],
-        "<h2>Trials</h2>" + _table(
+        (
+            "<h2>Chosen</h2><p id='best'><b>"
+            + html.escape(best.name)
+            + "</b> "
+            + html.escape(result.best_figures())
+            + f", peak {html.escape(format_size(best.max_peak))}"
+            + " per rank</p>"
+        )
+        if best
+        else "<h2>Chosen</h2><p id='best'>no configuration ran successfully</p>",
+        "<h3>Against your config</h3>"
+        + (_table(["key", "yours", "chosen"], [list(d) for d in diff]) if diff else "<p>no difference</p>"),
+        "<h2>Throughput</h2>" + images[0],
+        "<h2>Memory</h2>" + images[1],
+        "<h2>Timeline</h2>" + images[2],
+        "<h2>Trials</h2>"
+        + _table(
             ["trial", "state", result.metric, "predicted", "peak/rank", "processes", "why"],
-            [[t.name, t.state.value, fmt_metric(result.metric, t) if t.state.value == "ok" else "",
-              f"{t.predicted:.1f} samples/s" if t.predicted is not None else "",
-              format_size(t.max_peak) if t.max_peak else "",
-              t.start + (f"; then retired: {t.retired}" if t.retired else ""), result.why_lost(t)]
-             for t in result.trials],
-            [t.state.value for t in result.trials]),
-        "<h2>Notes</h2><ul>" + "".join(f"<li>{html.escape(n)}</li>"
-                                       for n in result.notes + result.left_out_lines()) + "</ul>",
+            [
+                [
+                    t.name,
+                    t.state.value,
+                    fmt_metric(result.metric, t) if t.state.value == "ok" else "",
+                    f"{t.predicted:.1f} samples/s" if t.predicted is not None else "",
+                    format_size(t.max_peak) if t.max_peak else "",
+                    t.start + (f"; then retired: {t.retired}" if t.retired else ""),
+                    result.why_lost(t),
+                ]
+                for t in result.trials
+            ],
+            [t.state.value for t in result.trials],
+        ),
+        "<h2>Notes</h2><ul>"
+        + "".join(f"<li>{html.escape(n)}</li>" for n in result.notes + result.left_out_lines())
+        + "</ul>",
         "</body></html>",
     ]
     page = root / "report.html"

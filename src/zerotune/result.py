@@ -1,4 +1,5 @@
 """What a tuning produced: the best trial and config, every trial, and why each lost."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,10 @@ class TuningResult:
             who = f" (pid {self.pid})" if self.pid else ""
             return f"in progress: a tuning{who} is running in this folder; {done} trial(s) finished so far"
         if self.state == "interrupted":
-            return (f"interrupted after {done} trial(s); rerun the same tuning command to resume (finished trials "
-                    "are reused)")
+            return (
+                f"interrupted after {done} trial(s); rerun the same tuning command to resume (finished trials "
+                "are reused)"
+            )
         return None
 
     def outputs(self) -> list[str]:
@@ -111,8 +114,9 @@ class TuningResult:
         r, best = (self.confirmed[trial.name], self.confirmed[self.best.name]) if again else (trial, self.best)
         how = "re-measured: " if again else ""
         if tied_with(self.metric, r, best):
-            if (best.max_peak or 0) < (r.max_peak or 0) and better(self.metric, r.metric(self.metric),
-                                                                   best.metric(self.metric)):
+            if (best.max_peak or 0) < (r.max_peak or 0) and better(
+                self.metric, r.metric(self.metric), best.metric(self.metric)
+            ):
                 return f"{how}within noise of {best.name}, which has more memory headroom"
             return f"{how}within noise of {best.name}, which measured better; the order is not certain"
         v, b = r.metric(self.metric), best.metric(self.metric)
@@ -138,9 +142,11 @@ class TuningResult:
             seconds = ", ".join(f"{x:.2f}" for x in sorted(m.left_out, reverse=True)[:3])
             more = ", ..." if len(m.left_out) > 3 else ""
             median = f"; their median {m.left_out_median:.2f} s" if m.left_out_median else ""
-            lines.append(f"left out: {label}: {len(m.left_out)} {unit}{'s' * (len(m.left_out) > 1)} "
-                         f"({seconds}{more} s{median}) far slower than the rest, as a disturbance of the machine; "
-                         "its figure is of the other steps")
+            lines.append(
+                f"left out: {label}: {len(m.left_out)} {unit}{'s' * (len(m.left_out) > 1)} "
+                f"({seconds}{more} s{median}) far slower than the rest, as a disturbance of the machine; "
+                "its figure is of the other steps"
+            )
         return lines
 
     def summary_rows(self) -> list[dict[str, Any]]:
@@ -150,22 +156,29 @@ class TuningResult:
             trials = [t for t in self.trials if t.spec.stage == stage]
             choice = choose_best(trials, self.metric)
             states = {s: sum(t.state is s for t in trials) for s in TrialState}
-            rows.append({"stage": stage, "trials": len(trials),
-                         "ok": states[TrialState.OK], "oom": states[TrialState.OOM],
-                         "failed": states[TrialState.CRASHED] + states[TrialState.TIMEOUT] + states[TrialState.KILLED],
-                         "pruned": states[TrialState.PRUNED],
-                         "best": fmt_value(self.metric, choice.best) if choice else "-",
-                         "best_trial": choice.best.name if choice else "-"})
+            rows.append(
+                {
+                    "stage": stage,
+                    "trials": len(trials),
+                    "ok": states[TrialState.OK],
+                    "oom": states[TrialState.OOM],
+                    "failed": states[TrialState.CRASHED] + states[TrialState.TIMEOUT] + states[TrialState.KILLED],
+                    "pruned": states[TrialState.PRUNED],
+                    "best": fmt_value(self.metric, choice.best) if choice else "-",
+                    "best_trial": choice.best.name if choice else "-",
+                }
+            )
         return rows
 
 
-FIXES = {TrialState.OOM: "lower min_train_micro_batch_size_per_gpu or raise --memory-per-device",
-         TrialState.TIMEOUT: "raise --trial-timeout or --stall-timeout, or make the script reach its first steps "
-                             "sooner",
-         TrialState.CRASHED: "fix the error shown (the trial's rank*.stderr has it)",
-         TrialState.KILLED: "rerun: a kill from outside says nothing of the configuration",
-         TrialState.PRUNED: "raise --memory-per-device or lower min_train_micro_batch_size_per_gpu (the memory model "
-                            "predicted none to fit)"}
+FIXES = {
+    TrialState.OOM: "lower min_train_micro_batch_size_per_gpu or raise --memory-per-device",
+    TrialState.TIMEOUT: "raise --trial-timeout or --stall-timeout, or make the script reach its first steps sooner",
+    TrialState.CRASHED: "fix the error shown (the trial's rank*.stderr has it)",
+    TrialState.KILLED: "rerun: a kill from outside says nothing of the configuration",
+    TrialState.PRUNED: "raise --memory-per-device or lower min_train_micro_batch_size_per_gpu (the memory model "
+    "predicted none to fit)",
+}
 """Per way a trial ends, what lets a tuning where no trial succeeded find a configuration."""
 
 
@@ -174,13 +187,16 @@ def no_choice_message(trials: list[TrialResult], results_dir: Path, time_budget:
     kind of end seen; where no trial ran, what stopped them."""
     if not trials:
         if time_budget is not None:
-            return (f"no trial ran: the time budget of {time_budget:g} s was spent before the first one could "
-                    "start; raise --time-budget")
+            return (
+                f"no trial ran: the time budget of {time_budget:g} s was spent before the first one could "
+                "start; raise --time-budget"
+            )
         return "no trial ran: the search found no configuration to try; widen the micro-batch bounds or stages"
     shown = "; ".join(f"{t.name}: {t.state.value} ({t.reason})" for t in trials[-3:])
     fixes = [FIXES[s] for s in dict.fromkeys(t.state for t in trials) if s in FIXES]
-    return (f"no configuration ran successfully: {shown}. Trial logs are in {results_dir}; "
-            + "; ".join(dict.fromkeys(fixes)))
+    return f"no configuration ran successfully: {shown}. Trial logs are in {results_dir}; " + "; ".join(
+        dict.fromkeys(fixes)
+    )
 
 
 def load_results(results_dir: str | Path) -> TuningResult:
@@ -191,8 +207,10 @@ def load_results(results_dir: str | Path) -> TuningResult:
     session = read_session(root)
     names, metric = session.get("trials"), session.get("metric", "throughput")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or metric not in MAXIMIZE:
-        raise ZerotuneError(f"{root / SESSION} is damaged (no list of trials, or an unknown metric); rerun the "
-                            "tuning command to rebuild it (finished trials are reused)")
+        raise ZerotuneError(
+            f"{root / SESSION} is damaged (no list of trials, or an unknown metric); rerun the "
+            "tuning command to rebuild it (finished trials are reused)"
+        )
     store = ResultStore(root, create=False)
     trials, damaged = [], []
     for name in names:
@@ -220,11 +238,14 @@ def load_results(results_dir: str | Path) -> TuningResult:
                 damaged.append(f"trial {choice.best.name}: its ds_config.json is missing or damaged")
             if not isinstance(best_config, dict):
                 best_config = None
-    notes = [n for n in session.get("notes", []) if isinstance(n, str)] if isinstance(session.get("notes"), list) \
-        else []
+    notes = (
+        [n for n in session.get("notes", []) if isinstance(n, str)] if isinstance(session.get("notes"), list) else []
+    )
     # Seconds as an earlier run wrote them; anything else (a hand-edited or damaged file) reads 0.
-    wall, earlier = (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
-                     else 0.0 for v in (session.get("wall_time"), session.get("earlier_time")))
+    wall, earlier = (
+        float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf else 0.0
+        for v in (session.get("wall_time"), session.get("earlier_time"))
+    )
     try:
         own = TrialSpec.from_dict(session["own"]) if session.get("own") is not None else None
     except ValueError:
@@ -236,11 +257,20 @@ def load_results(results_dir: str | Path) -> TuningResult:
     state = session.get("state") if session.get("state") in ("finished", "running", "interrupted") else "finished"
     if state == "running" and not busy(root):
         state = "interrupted"  # its tuner was killed: nothing holds the folder
-    pid = session.get("pid") if isinstance(session.get("pid"), int) and not isinstance(session.get("pid"), bool) \
-        else None
-    return TuningResult(metric=metric, trials=trials, best=best, best_config=best_config, results_dir=root, env=env,
-                        confirmed=confirmed, state=state, pid=pid,
-                        notes=notes + damaged + ([choice.note] if choice and choice.note and choice.note not in notes
-                                                 else []),
-                        wall_time=wall, cost=tuning_cost(trials, best, own, wall, remeasured=remeasured,
-                                                         earlier_time=earlier))
+    pid = (
+        session.get("pid") if isinstance(session.get("pid"), int) and not isinstance(session.get("pid"), bool) else None
+    )
+    return TuningResult(
+        metric=metric,
+        trials=trials,
+        best=best,
+        best_config=best_config,
+        results_dir=root,
+        env=env,
+        confirmed=confirmed,
+        state=state,
+        pid=pid,
+        notes=notes + damaged + ([choice.note] if choice and choice.note and choice.note not in notes else []),
+        wall_time=wall,
+        cost=tuning_cost(trials, best, own, wall, remeasured=remeasured, earlier_time=earlier),
+    )

@@ -13,6 +13,7 @@ zerotune writes only inside a results folder it owns, and deletes only what it m
   releases when the process dies, however it dies); a second tuning of the same folder is
   refused with the pid of the one running.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,11 +31,23 @@ __all__ = ["FolderBusyError", "FolderLock", "busy", "claim", "discard", "expand"
 MARK = "zerotune"
 """The key of tuning.json that makes its folder zerotune's (its value: the writer's version)."""
 LOCK = ".zerotune.lock"
-OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt", "accelerate_config_optimal.yaml", "summary.txt",
-           "results.json")
+OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt", "accelerate_config_optimal.yaml", "summary.txt", "results.json")
 """The output files a tuning writes at the results folder's top."""
-OWN_NAMES = frozenset({SESSION, LOCK, "_inspect", "_warm", "_accelerate", "_cpu_info.json", "_shm_ports.txt",
-                       "run_probe.json", "report", "report.html", *OUTPUTS})
+OWN_NAMES = frozenset(
+    {
+        SESSION,
+        LOCK,
+        "_inspect",
+        "_warm",
+        "_accelerate",
+        "_cpu_info.json",
+        "_shm_ports.txt",
+        "run_probe.json",
+        "report",
+        "report.html",
+        *OUTPUTS,
+    }
+)
 """Every fixed name zerotune writes at the results folder's top (trial folders come on top)."""
 BEFORE_RECORD = frozenset({LOCK, "_inspect", "_cpu_info.json"})
 """What a tuning may have written before its tuning.json (a folder holding only these is zerotune's)."""
@@ -49,8 +62,10 @@ def expand(path: str | Path) -> Path:
     a shell would; a variable that is not set is refused rather than made a literal folder."""
     text = os.path.expandvars(os.path.expanduser(str(path)))
     if text.startswith("~") or re.search(r"\$(\w+|\{[^}]*\})", text):
-        raise ConfigError(f"the results folder {str(path)!r} names a home folder or variable that is not set "
-                          f"({text!r} after expansion); give a plain path")
+        raise ConfigError(
+            f"the results folder {str(path)!r} names a home folder or variable that is not set "
+            f"({text!r} after expansion); give a plain path"
+        )
     return Path(text)
 
 
@@ -58,7 +73,9 @@ def _entries(root: Path) -> list[str]:
     try:
         return sorted(p.name for p in root.iterdir())
     except OSError as e:
-        raise ConfigError(f"cannot read the results folder {root}: {e.strerror}; choose another --results-dir") from None
+        raise ConfigError(
+            f"cannot read the results folder {root}: {e.strerror}; choose another --results-dir"
+        ) from None
 
 
 def read_record(root: Path) -> dict[str, Any] | None:
@@ -99,9 +116,11 @@ def claim(root: Path) -> dict[str, Any] | None:
 
 def _foreign(root: Path, names: list[str]) -> ConfigError:
     shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-    return ConfigError(f"the results folder {root} is not zerotune's: it holds {shown} and no tuning.json of "
-                       f"zerotune's; zerotune writes only into an empty or new folder or one of its own, so give "
-                       f"another --results-dir (for example {root / 'zerotune_results'})")
+    return ConfigError(
+        f"the results folder {root} is not zerotune's: it holds {shown} and no tuning.json of "
+        f"zerotune's; zerotune writes only into an empty or new folder or one of its own, so give "
+        f"another --results-dir (for example {root / 'zerotune_results'})"
+    )
 
 
 def made(record: dict[str, Any] | None) -> set[str]:
@@ -131,8 +150,15 @@ def recovered(root: Path) -> dict[str, Any]:
 
 def is_trial_name(name: Any) -> bool:
     """A name a trial folder can have: one plain path component, not hidden."""
-    return isinstance(name, str) and bool(name) and "/" not in name and "\0" not in name \
-        and not name.startswith(".") and name not in (".", "..") and name not in OWN_NAMES
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and "/" not in name
+        and "\0" not in name
+        and not name.startswith(".")
+        and name not in (".", "..")
+        and name not in OWN_NAMES
+    )
 
 
 def discard(root: Path, record: dict[str, Any] | None) -> None:
@@ -146,8 +172,10 @@ def discard(root: Path, record: dict[str, Any] | None) -> None:
             elif path.is_dir() and name not in OUTPUTS:
                 shutil.rmtree(path)
         except OSError as e:
-            raise ZerotuneError(f"cannot remove {path} for --overwrite: {e.strerror}; remove it yourself or "
-                                "choose another --results-dir") from None
+            raise ZerotuneError(
+                f"cannot remove {path} for --overwrite: {e.strerror}; remove it yourself or "
+                "choose another --results-dir"
+            ) from None
 
 
 class FolderLock:
@@ -166,11 +194,14 @@ class FolderLock:
         except Timeout:
             pid = (read_record(self.root) or {}).get("pid")
             who = f" (pid {pid})" if isinstance(pid, int) else ""
-            raise FolderBusyError(f"another tuning{who} is running in {self.root}; wait for it to end, or give "
-                                  "another --results-dir") from None
+            raise FolderBusyError(
+                f"another tuning{who} is running in {self.root}; wait for it to end, or give another --results-dir"
+            ) from None
         except OSError as e:
-            raise ZerotuneError(f"cannot lock the results folder {self.root}: {e.strerror}; make it writable or "
-                                "choose another --results-dir") from None
+            raise ZerotuneError(
+                f"cannot lock the results folder {self.root}: {e.strerror}; make it writable or "
+                "choose another --results-dir"
+            ) from None
         self._lock = lock
 
     def release(self) -> None:

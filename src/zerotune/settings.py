@@ -1,6 +1,7 @@
 """Settings that every face (CLI, Python API, Lightning strategy) builds the same way, each
 validated once, here: the measurement policy is every constant of how a trial and a
 re-measurement are measured, in one object."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,17 +44,23 @@ class MeasureSettings:
     def window_seconds(self) -> float:
         """The re-measurement window as measured: never past the cap of every measurement."""
         return min(self.remeasure_seconds, self.max_seconds)
+
     remeasure_rounds: int = 2
     """Rounds of re-measurement at most: a second runs only where the first left the choice open."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.precision, (int, float)) or not 0 < self.precision < 1:
-            raise ConfigError(f"precision (--precision) {self.precision!r} must be a fraction between 0 and 1, "
-                              "e.g. 0.03")
+            raise ConfigError(
+                f"precision (--precision) {self.precision!r} must be a fraction between 0 and 1, e.g. 0.03"
+            )
         for name in ("max_seconds", "trial_timeout", "stall_timeout", "remeasure_seconds"):
             option = "--" + name.replace("_", "-")
             object.__setattr__(self, name, positive_seconds(getattr(self, name), f"{name} ({option})"))
-        for name, low, high in (("max_steps", 2, 100_000), ("max_warmup_steps", 1, 10_000), ("remeasure_rounds", 1, 10)):
+        for name, low, high in (
+            ("max_steps", 2, 100_000),
+            ("max_warmup_steps", 1, 10_000),
+            ("remeasure_rounds", 1, 10),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
                 raise ConfigError(f"{name} {value!r} must be a whole number from {low} to {high}")

@@ -7,6 +7,7 @@ micro-batch (``MICRO_BATCH``) with its values. The defaults follow DeepSpeed's a
 Hugging Face's ``auto`` values (h^2, 0.9 h^2, 10 h). Any key of the user's ds_config whose value is
 a list becomes a dimension too, and a key the user set to one value is never searched.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,9 +26,22 @@ BUCKETS = (5e7, 5e8, 1e9)
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 BATCH_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
 """Set per trial by the search (or by the script through arg_mappings), never a dimension."""
-LIST_SECTIONS = ("optimizer", "scheduler", "amp", "compile", "compression_training", "data_efficiency",
-                 "curriculum_learning", "sparse_attention", "elasticity", "comms_logger", "pipeline",
-                 "tensor_parallel", "weight_quantization", "zero_optimization.zeropp_loco_param")
+LIST_SECTIONS = (
+    "optimizer",
+    "scheduler",
+    "amp",
+    "compile",
+    "compression_training",
+    "data_efficiency",
+    "curriculum_learning",
+    "sparse_attention",
+    "elasticity",
+    "comms_logger",
+    "pipeline",
+    "tensor_parallel",
+    "weight_quantization",
+    "zero_optimization.zeropp_loco_param",
+)
 """Sections whose values DeepSpeed (or the torch class it builds) reads as lists by nature
 (Adam's ``betas``, a scheduler's milestones, elastic micro-batch lists, profiled ops): their lists
 are passed through untouched, never searched. DeepSpeed's autotuner never expands them either."""
@@ -38,19 +52,39 @@ STAGE_KNOBS = {
     2: ("overlap_comm", "reduce_scatter", "reduce_bucket_size", "allgather_bucket_size", "contiguous_gradients"),
     # DeepSpeed's stage-3 space also lists allgather_partitions and allgather_bucket_size, which
     # stage 3 ignores (it gathers through the prefetch bucket): searching them only costs trials.
-    3: ("overlap_comm", "reduce_bucket_size", "contiguous_gradients", "stage3_prefetch_bucket_size",
-        "stage3_param_persistence_threshold", "stage3_max_live_parameters"),
+    3: (
+        "overlap_comm",
+        "reduce_bucket_size",
+        "contiguous_gradients",
+        "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold",
+        "stage3_max_live_parameters",
+    ),
 }
 """Knobs searched by default (``fast: false``) per stage; a stage's own keys only."""
-STAGE3_ONLY = ("stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
-               "stage3_max_reuse_distance", "sub_group_size", "stage3_gather_16bit_weights_on_model_save")
+STAGE3_ONLY = (
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "sub_group_size",
+    "stage3_gather_16bit_weights_on_model_save",
+)
 STAGE12_ONLY = ("allgather_bucket_size", "allgather_partitions", "reduce_scatter")
 
 
-DEEPSPEED_DEFAULTS = {"reduce_bucket_size": 5e8, "allgather_bucket_size": 5e8, "reduce_scatter": True,
-                      "contiguous_gradients": True, "allgather_partitions": True,
-                      "stage3_prefetch_bucket_size": 5e7, "stage3_param_persistence_threshold": 1e5,
-                      "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 1e9, "sub_group_size": 1e9}
+DEEPSPEED_DEFAULTS = {
+    "reduce_bucket_size": 5e8,
+    "allgather_bucket_size": 5e8,
+    "reduce_scatter": True,
+    "contiguous_gradients": True,
+    "allgather_partitions": True,
+    "stage3_prefetch_bucket_size": 5e7,
+    "stage3_param_persistence_threshold": 1e5,
+    "stage3_max_live_parameters": 1e9,
+    "stage3_max_reuse_distance": 1e9,
+    "sub_group_size": 1e9,
+}
 """What DeepSpeed uses for a knob the config leaves out (overlap_comm: on for stage 3 only)."""
 
 
@@ -59,7 +93,7 @@ def effective_value(config: dict[str, Any], key: str, stage: int) -> Any:
     value = _lookup(config, key)
     if value is not None or not key.startswith(f"{ZERO}."):
         return value
-    leaf = key[len(ZERO) + 1:]
+    leaf = key[len(ZERO) + 1 :]
     if leaf == "overlap_comm":
         return stage == 3
     if leaf.endswith(".device"):
@@ -69,16 +103,27 @@ def effective_value(config: dict[str, Any], key: str, stage: int) -> Any:
 
 def default_values(knob: str, hidden_size: int | None) -> tuple:
     h2 = hidden_size * hidden_size if hidden_size else None
-    centred = {"reduce_bucket_size": h2, "allgather_bucket_size": h2,
-               "stage3_prefetch_bucket_size": 0.9 * h2 if h2 else None,
-               "stage3_param_persistence_threshold": 10 * hidden_size if hidden_size else None}
+    centred = {
+        "reduce_bucket_size": h2,
+        "allgather_bucket_size": h2,
+        "stage3_prefetch_bucket_size": 0.9 * h2 if h2 else None,
+        "stage3_param_persistence_threshold": 10 * hidden_size if hidden_size else None,
+    }
     if centred.get(knob) is not None:
         c = centred[knob]
         return tuple(float(int(v)) for v in (c / 10, c, 10 * c))
-    return {"overlap_comm": (True, False), "reduce_scatter": (False, True), "contiguous_gradients": (False, True),
-            "reduce_bucket_size": BUCKETS, "allgather_bucket_size": BUCKETS, "stage3_prefetch_bucket_size": BUCKETS,
-            "stage3_param_persistence_threshold": (1e4, 1e6), "stage3_max_live_parameters": (1e8, 1e9),
-            "stage3_max_reuse_distance": (1e8, 1e9), "sub_group_size": (1e9, 1e12)}[knob]
+    return {
+        "overlap_comm": (True, False),
+        "reduce_scatter": (False, True),
+        "contiguous_gradients": (False, True),
+        "reduce_bucket_size": BUCKETS,
+        "allgather_bucket_size": BUCKETS,
+        "stage3_prefetch_bucket_size": BUCKETS,
+        "stage3_param_persistence_threshold": (1e4, 1e6),
+        "stage3_max_live_parameters": (1e8, 1e9),
+        "stage3_max_reuse_distance": (1e8, 1e9),
+        "sub_group_size": (1e9, 1e12),
+    }[knob]
 
 
 @dataclass(frozen=True)
@@ -148,8 +193,9 @@ def _lookup(config: dict[str, Any], key: str) -> Any:
     return node
 
 
-def stage_dimensions(stage: int, config: dict[str, Any], *, defaults: bool,
-                     hidden_size: int | None = None) -> list[Dimension]:
+def stage_dimensions(
+    stage: int, config: dict[str, Any], *, defaults: bool, hidden_size: int | None = None
+) -> list[Dimension]:
     """The knob dimensions of one stage: the user's lists that apply to it, plus (``defaults``)
     the stage's default knobs the user left unset."""
     dims = [d for d in user_dimensions(config) if _applies(d.key, stage)]
@@ -218,8 +264,9 @@ def apply_overrides(config: dict[str, Any], overrides) -> dict[str, Any]:
     return cfg
 
 
-def trial_config(base: dict[str, Any], spec: TrialSpec, dp: int, *,
-                 script_fills: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
+def trial_config(
+    base: dict[str, Any], spec: TrialSpec, dp: int, *, script_fills: frozenset[str] | set[str] = frozenset()
+) -> dict[str, Any]:
     """The user's config with the trial's stage, micro-batch, accumulation and knobs filled in.
     ``script_fills``: the batch keys the script receives as arguments (arg_mappings). Then the
     config gains no batch key the script fills itself: a mapped key and the global batch stay as
@@ -229,8 +276,11 @@ def trial_config(base: dict[str, Any], spec: TrialSpec, dp: int, *,
     zero = dict(cfg.get(ZERO) or {})
     zero["stage"] = spec.stage
     cfg[ZERO] = zero
-    values = {"train_micro_batch_size_per_gpu": spec.micro_batch, "gradient_accumulation_steps": spec.grad_accum,
-              "train_batch_size": spec.micro_batch * spec.grad_accum * dp}
+    values = {
+        "train_micro_batch_size_per_gpu": spec.micro_batch,
+        "gradient_accumulation_steps": spec.grad_accum,
+        "train_batch_size": spec.micro_batch * spec.grad_accum * dp,
+    }
     for key, value in values.items():
         if script_fills:
             user = cfg.get(key, "auto")  # left out: as "auto", the script's or DeepSpeed's to fill
@@ -279,8 +329,11 @@ class Space:
         given = dict(spec.overrides)
         values = {}
         for d in self.dims:
-            v = spec.micro_batch if d.key == MICRO_BATCH else given.get(d.key, effective_value(config, d.key,
-                                                                                               self.stage))
+            v = (
+                spec.micro_batch
+                if d.key == MICRO_BATCH
+                else given.get(d.key, effective_value(config, d.key, self.stage))
+            )
             same = [x for x in d.values if x == v and isinstance(x, bool) == isinstance(v, bool)]
             if not same:
                 return None

@@ -1,5 +1,6 @@
 """Statistics of step times: the probe uses them to decide when a trial has measured enough, the
 tuner to read, compare and combine its measurements. Free of torch, so both can import it."""
+
 from __future__ import annotations
 
 import math
@@ -7,21 +8,83 @@ import statistics
 from typing import NamedTuple
 
 # Two-sided 95% Student-t quantiles for 1..29 degrees of freedom.
-_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045]
+_T95 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+]
 
 # One-sided 95% quantiles (the 95th percentile) for 1..29 degrees of freedom.
-_T95_ONE_SIDED = [6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761,
-                  1.753, 1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701,
-                  1.699]
+_T95_ONE_SIDED = [
+    6.314,
+    2.920,
+    2.353,
+    2.132,
+    2.015,
+    1.943,
+    1.895,
+    1.860,
+    1.833,
+    1.812,
+    1.796,
+    1.782,
+    1.771,
+    1.761,
+    1.753,
+    1.746,
+    1.740,
+    1.734,
+    1.729,
+    1.725,
+    1.721,
+    1.717,
+    1.714,
+    1.711,
+    1.708,
+    1.706,
+    1.703,
+    1.701,
+    1.699,
+]
 
 # Beyond: 30, 40, 60 and 120 degrees of freedom (rounded up), then the normal's quantile.
-_TAIL = {False: [(30, 2.043), (40, 2.022), (60, 2.001), (120, 1.980), (math.inf, 1.960)],
-         True: [(30, 1.698), (40, 1.685), (60, 1.671), (120, 1.658), (math.inf, 1.645)]}
+_TAIL = {
+    False: [(30, 2.043), (40, 2.022), (60, 2.001), (120, 1.980), (math.inf, 1.960)],
+    True: [(30, 1.698), (40, 1.685), (60, 1.671), (120, 1.658), (math.inf, 1.645)],
+}
 
 # (1/df, quantile) from df = 1 to df = infinity (1/df = 0), for interpolation.
-_KNOTS = {one_sided: [(1 / (i + 1), t) for i, t in enumerate(_T95_ONE_SIDED if one_sided else _T95)] +
-          [(1 / df, t) for df, t in _TAIL[one_sided]] for one_sided in (False, True)}
+_KNOTS = {
+    one_sided: [(1 / (i + 1), t) for i, t in enumerate(_T95_ONE_SIDED if one_sided else _T95)]
+    + [(1 / df, t) for df, t in _TAIL[one_sided]]
+    for one_sided in (False, True)
+}
 
 
 def t95_df(df: float, *, one_sided: bool = False) -> float:
@@ -155,8 +218,9 @@ def _estimate_parts(micro: list[float], boundary: list[float], g: int) -> tuple[
     return (g - 1) * mm + mb, math.sqrt((g - 1) * sm * sm + sb * sb), se, welch_df(parts)
 
 
-def estimate_is_stable(estimate: tuple[float, float, float], *, whole_steps: int, min_steps: int,
-                       rel_ci: float) -> bool:
+def estimate_is_stable(
+    estimate: tuple[float, float, float], *, whole_steps: int, min_steps: int, rel_ci: float
+) -> bool:
     """True once enough was measured and the 95% interval is within ``rel_ci`` of the mean."""
     mean, _, ci = estimate
     return whole_steps >= min_steps and math.isfinite(ci) and ci <= rel_ci * mean
@@ -191,7 +255,7 @@ def faster_bound(c: Figure, than: Figure, *, maximize: bool) -> float:
         return math.inf
     ratio = c.value / than.value if maximize else than.value / c.value  # > 1: c is faster
     se = ratio * math.hypot(c.rel_se, than.rel_se)
-    df = welch_df([(c.rel_se ** 2, c.df + 1), (than.rel_se ** 2, than.df + 1)])
+    df = welch_df([(c.rel_se**2, c.df + 1), (than.rel_se**2, than.df + 1)])
     return ratio - 1 + t95_df(df, one_sided=True) * se
 
 

@@ -1,5 +1,6 @@
 """Results on disk. Every file is written atomically, so a kill at any moment leaves either the
 old file or the new one; a trial counts as finished only once its result.json exists."""
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,10 @@ def write_atomic(path: Path, text: str) -> None:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass  # a read-only folder: the error to report is the write's, below
-        raise ZerotuneError(f"cannot write {path}: {e.strerror}; make the folder writable, free some space or "
-                            "choose another --results-dir (finished trials are kept)") from None
+        raise ZerotuneError(
+            f"cannot write {path}: {e.strerror}; make the folder writable, free some space or "
+            "choose another --results-dir (finished trials are kept)"
+        ) from None
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -43,8 +46,9 @@ def make_folder(root: Path) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ZerotuneError(f"cannot create the results folder {root}: {e.strerror}; choose another "
-                            "--results-dir") from None
+        raise ZerotuneError(
+            f"cannot create the results folder {root}: {e.strerror}; choose another --results-dir"
+        ) from None
 
 
 class ResultStore:
@@ -52,8 +56,14 @@ class ResultStore:
     trial folders zerotune made in ``root`` (its record's list); only those are read as trials,
     and each new one is added (``on_made`` is told, to record it before the trial runs)."""
 
-    def __init__(self, root: Path, *, create: bool = True, made: set[str] | None = None,
-                 on_made: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        create: bool = True,
+        made: set[str] | None = None,
+        on_made: Callable[[str], None] | None = None,
+    ):
         """``create`` False: only read an existing folder (show, report)."""
         self.root = Path(root)
         self.made = set(made or ())
@@ -89,8 +99,9 @@ class ResultStore:
         data = self.load_raw(name)
         if data is None:
             missing = not (self.root / name / RESULT).is_file()
-            raise DamagedTrial(name, "its result.json is missing" if missing
-                               else "its result.json is damaged (not a JSON object)")
+            raise DamagedTrial(
+                name, "its result.json is missing" if missing else "its result.json is damaged (not a JSON object)"
+            )
         try:
             return TrialResult.from_dict(data["result"])
         except (KeyError, TypeError, ValueError, AttributeError) as e:

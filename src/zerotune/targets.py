@@ -3,6 +3,7 @@ Lightning program. The core asks a :class:`Target` how a trial runs it, what con
 it trains with afterwards, and what of it identifies a trial for resume; it has no branch of
 its own for any kind.
 """
+
 from __future__ import annotations
 
 import abc
@@ -77,8 +78,7 @@ class Target(abc.ABC):
         return config
 
     @abc.abstractmethod
-    def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str],
-                      cluster: Cluster) -> str:
+    def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str], cluster: Cluster) -> str:
         """The shell text (every word quoted) that trains with ``config``, written at ``optimal``,
         on the tuned topology."""
 
@@ -112,13 +112,19 @@ class ScriptTarget(Target):
     def trial_args(self, config: Path, mapped: dict[str, str]) -> list[str]:
         return self.command.trial_args(str(config.resolve()), mapped)
 
-    def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str],
-                      cluster: Cluster) -> str:
+    def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str], cluster: Cluster) -> str:
         return cluster.command_line(self.script, self.trial_args(optimal, mapped)) + "\n"
 
 
-def detect(command: UserCommand, ds_config: Any, lightning: Any, *, inspect_dir: Path,
-           env: dict[str, str], accelerate: Any = None) -> Target:
+def detect(
+    command: UserCommand,
+    ds_config: Any,
+    lightning: Any,
+    *,
+    inspect_dir: Path,
+    env: dict[str, str],
+    accelerate: Any = None,
+) -> Target:
     """The target of ``command``: the Lightning program described by ``lightning``, a Lightning
     script found by running it up to ``trainer.fit`` (when no ds_config is given), a Hugging Face
     Trainer script (read from its source), else a script. ``accelerate``: the command was
@@ -130,8 +136,12 @@ def detect(command: UserCommand, ds_config: Any, lightning: Any, *, inspect_dir:
         from .accelerate_job import AccelerateTarget
 
         return AccelerateTarget(command=command, launch=accelerate)
-    if lightning is None and ds_config is None and command.config_path() is None \
-            and looks_like_lightning(command.script):
+    if (
+        lightning is None
+        and ds_config is None
+        and command.config_path() is None
+        and looks_like_lightning(command.script)
+    ):
         lightning = inspect_script(command.script, list(command.args), inspect_dir, env)
     if lightning is not None:
         return LightningTarget(command=command, job=lightning)

@@ -1,5 +1,6 @@
 """Text from scripts, configs and disk made safe for a terminal: no escape sequences, no control
 characters, no rich markup. Every face that prints a name, reason, note or path uses this."""
+
 from __future__ import annotations
 
 import re

@@ -16,6 +16,7 @@ the fit). An extrapolation amplifies them: from micro-batches 32 and 16 to 8 the
 hour) leaves the prediction at 8 open up to 92 samples/s; without its interval the model predicted
 23 there for the config that then measured 31 and was chosen.
 """
+
 from __future__ import annotations
 
 import math
@@ -76,8 +77,7 @@ class _Curve:
         its half-width, from the held line's value where that is faster."""
         x, n = 1.0 / mb, len(self.pts)
         raw = self.my + self.raw_q * (x - self.mx)
-        half = math.sqrt(sum(((1 / n + (x - self.mx) * w) * pt.ci) ** 2
-                             for w, pt in zip(self.slope_weights, self.pts)))
+        half = math.sqrt(sum(((1 / n + (x - self.mx) * w) * pt.ci) ** 2 for w, pt in zip(self.slope_weights, self.pts)))
         return _upper(min(raw, self.tau(mb)), half)
 
 
@@ -117,7 +117,8 @@ class ThroughputModel:
         tau = 1.0 / m.throughput
         rel = m.step_time_ci95 / m.step_time_mean  # per sample as per step: the same relative interval
         self.points.setdefault(self.variant(result.spec), {}).setdefault(result.spec.micro_batch, []).append(
-            (tau, tau * rel if math.isfinite(rel) else math.inf))
+            (tau, tau * rel if math.isfinite(rel) else math.inf)
+        )
 
     def verify(self, name: str, prediction: Prediction | None, result: TrialResult) -> None:
         """Record how far ``prediction`` (made before the trial ran) was from what it measured."""
@@ -152,8 +153,7 @@ class ThroughputModel:
             return Prediction(1.0 / curve.tau(mb), f"a fit to its variant's {n} trials", upper=curve.upper(mb))
         if not own:
             return None
-        shapes = [(v, c) for v in self.points if v != variant and (c := _fit(self._points(v))) is not None
-                  and c.p > 0]
+        shapes = [(v, c) for v in self.points if v != variant and (c := _fit(self._points(v))) is not None and c.p > 0]
         if not shapes:
             return None
         # Prefer the shape of the same stage (another offload or knob setting), else the closest stage.
@@ -175,13 +175,16 @@ class ThroughputModel:
             half = math.hypot(tau * base.ci / base.tau, max(abs(scaled(q) - tau) for q in ends))
         else:
             half = math.inf
-        return Prediction(1.0 / tau, f"its trial at micro-batch {mb0} on the curve of z{donor[0]}",
-                          upper=_upper(tau, half))
+        return Prediction(
+            1.0 / tau, f"its trial at micro-batch {mb0} on the curve of z{donor[0]}", upper=_upper(tau, half)
+        )
 
     def table(self) -> str:
         """Predicted against measured, for the summary."""
         if not self.errors:
             return ""
         pairs = ", ".join(f"{name} {p:.1f}/{m:.1f}" for name, p, m in self.errors)
-        return (f"throughput model, predicted/measured samples/s: {pairs}; its error so far: at most "
-                f"{max(abs(p - m) / m for _, p, m in self.errors):.0%} over {len(self.errors)} trial(s)")
+        return (
+            f"throughput model, predicted/measured samples/s: {pairs}; its error so far: at most "
+            f"{max(abs(p - m) / m for _, p, m in self.errors):.0%} over {len(self.errors)} trial(s)"
+        )

@@ -4,6 +4,7 @@ trial) when mlflow is installed and a tracking URI is set, and TensorBoard scala
 Both are sinks of :class:`~zerotune.tuner.TuningEvent`s, like the terminal printer: the core
 knows nothing of them, and neither is imported unless used.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,12 @@ def _metrics(result, metric: str) -> dict[str, float]:
     out: dict[str, float] = {}
     m = result.measurement
     if m is not None:
-        out.update(throughput=m.throughput, throughput_ci95=m.throughput_ci95, latency=m.step_time_mean,
-                   latency_ci95=m.step_time_ci95)
+        out.update(
+            throughput=m.throughput,
+            throughput_ci95=m.throughput_ci95,
+            latency=m.step_time_mean,
+            latency_ci95=m.step_time_ci95,
+        )
         if m.flops is not None:
             out["flops"] = m.flops
     if result.max_peak:
@@ -57,10 +62,16 @@ class MlflowTracker:
     def start(self, tuner) -> None:
         self.metric = tuner.request.autotuning.metric
         self.parent = self.mlflow.start_run(run_name=f"{self.run_name}: {Path(tuner.command.script).name}")
-        self.mlflow.log_params({"script": tuner.command.script, "num_gpus": tuner.num_gpus,
-                                "num_nodes": tuner.num_nodes, "metric": self.metric,
-                                "tuner_type": tuner.request.autotuning.tuner_type,
-                                "memory_per_device": tuner.budget})
+        self.mlflow.log_params(
+            {
+                "script": tuner.command.script,
+                "num_gpus": tuner.num_gpus,
+                "num_nodes": tuner.num_nodes,
+                "metric": self.metric,
+                "tuner_type": tuner.request.autotuning.tuner_type,
+                "memory_per_device": tuner.budget,
+            }
+        )
 
     def __call__(self, event) -> None:
         if self.parent is None or event.kind not in TRIAL_EVENTS:
@@ -68,8 +79,13 @@ class MlflowTracker:
         r = event.result
         with self.mlflow.start_run(run_name=r.name, nested=True):
             self.mlflow.log_params(_params(r))
-            self.mlflow.set_tags({"state": r.state.value, "reason": r.reason[:500],
-                                  "source": "from disk" if event.kind == "reused" else "measured"})
+            self.mlflow.set_tags(
+                {
+                    "state": r.state.value,
+                    "reason": r.reason[:500],
+                    "source": "from disk" if event.kind == "reused" else "measured",
+                }
+            )
             if metrics := _metrics(r, self.metric):
                 self.mlflow.log_metrics(metrics)
 

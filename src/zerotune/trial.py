@@ -1,4 +1,5 @@
 """What a trial is (spec), how it ended (state) and what it measured (result)."""
+
 from __future__ import annotations
 
 import enum
@@ -24,14 +25,22 @@ class TrialState(str, enum.Enum):
     configuration; a rerun measures it again."""
 
 
-SHORT_KEYS = {"zero_optimization.offload_optimizer.device": "oo", "zero_optimization.offload_param.device": "op",
-              "zero_force_ds_cpu_optimizer": None, "zero_optimization.reduce_bucket_size": "rbs",
-              "zero_optimization.allgather_bucket_size": "abs", "zero_optimization.overlap_comm": "oc",
-              "zero_optimization.reduce_scatter": "rs", "zero_optimization.contiguous_gradients": "cg",
-              "zero_optimization.allgather_partitions": "ap", "zero_optimization.stage3_prefetch_bucket_size": "pf",
-              "zero_optimization.stage3_param_persistence_threshold": "pt",
-              "zero_optimization.stage3_max_live_parameters": "ml",
-              "zero_optimization.stage3_max_reuse_distance": "mr", "zero_optimization.sub_group_size": "sg"}
+SHORT_KEYS = {
+    "zero_optimization.offload_optimizer.device": "oo",
+    "zero_optimization.offload_param.device": "op",
+    "zero_force_ds_cpu_optimizer": None,
+    "zero_optimization.reduce_bucket_size": "rbs",
+    "zero_optimization.allgather_bucket_size": "abs",
+    "zero_optimization.overlap_comm": "oc",
+    "zero_optimization.reduce_scatter": "rs",
+    "zero_optimization.contiguous_gradients": "cg",
+    "zero_optimization.allgather_partitions": "ap",
+    "zero_optimization.stage3_prefetch_bucket_size": "pf",
+    "zero_optimization.stage3_param_persistence_threshold": "pt",
+    "zero_optimization.stage3_max_live_parameters": "ml",
+    "zero_optimization.stage3_max_reuse_distance": "mr",
+    "zero_optimization.sub_group_size": "sg",
+}
 """Short names of override keys in trial names; None: implied by the others, not named."""
 
 
@@ -81,8 +90,11 @@ class TrialSpec:
             if short is None:
                 continue
             text = short_value(value)
-            if not short or not (isinstance(value, (bool, int, float)) or value in _NAMED_VALUES) \
-                    or _slug(text) != text:
+            if (
+                not short
+                or not (isinstance(value, (bool, int, float)) or value in _NAMED_VALUES)
+                or _slug(text) != text
+            ):
                 exact = False
             parts.append(f"{short or _slug(key.rsplit('.', 1)[-1])}={_slug(text)}")
         name = "_".join(parts)
@@ -92,8 +104,12 @@ class TrialSpec:
         return f"{name[:MAX_NAME]}-{digest}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "micro_batch": self.micro_batch, "grad_accum": self.grad_accum,
-                "overrides": [list(o) for o in self.overrides]}
+        return {
+            "stage": self.stage,
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
+            "overrides": [list(o) for o in self.overrides],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
@@ -105,8 +121,9 @@ class TrialSpec:
         if not valid_stage or not _count(mb) or not _count(gas):
             raise ValueError(f"spec has no valid stage, micro_batch and grad_accum ({stage!r}, {mb!r}, {gas!r})")
         overrides = d.get("overrides", ())
-        if not isinstance(overrides, list) or not all(isinstance(o, list) and len(o) == 2 and isinstance(o[0], str)
-                                                      for o in overrides):
+        if not isinstance(overrides, list) or not all(
+            isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) for o in overrides
+        ):
             raise ValueError("spec overrides are not [key, value] pairs")
         return cls(stage=stage, micro_batch=mb, grad_accum=gas, overrides=tuple(tuple(o) for o in overrides))
 
@@ -129,10 +146,14 @@ def _measurement_damage(m: dict[str, Any]) -> str:
     """Why the fields of a stored measurement cannot be one ("" where they can): every figure
     read back is later divided, squared or summed, so a wrong type or an absurd size is caught
     here, once, rather than as a traceback in ``zerotune show``."""
-    if not (_number(m.get("step_time_mean"), positive=True) and _count(m.get("samples_per_step"))
-            and _number(m.get("step_time_ci95")) and _number(m.get("step_time_std"))
-            and _number(m.get("timed_seconds", 0.0))
-            and all(m.get(k) is None or _number(m.get(k), positive=True) for k in ("step_time_df", "lost_to"))):
+    if not (
+        _number(m.get("step_time_mean"), positive=True)
+        and _count(m.get("samples_per_step"))
+        and _number(m.get("step_time_ci95"))
+        and _number(m.get("step_time_std"))
+        and _number(m.get("timed_seconds", 0.0))
+        and all(m.get(k) is None or _number(m.get(k), positive=True) for k in ("step_time_df", "lost_to"))
+    ):
         return "measurement has no positive step time and sample count, or a damaged interval"
     steps = m.get("steps_measured")
     if not (isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0):
@@ -146,23 +167,29 @@ def _measurement_damage(m: dict[str, Any]) -> str:
     if not all(isinstance(m.get(k, False), bool) for k in ("stable", "early_stop", "tied")):
         return "measurement's stable, early_stop and tied are not true or false"
     left_out = m.get("left_out", [])
-    if not (isinstance(left_out, list)
-            and all(_number(v, positive=True) and v <= MAX_STEP_SECONDS for v in left_out)
-            and (m.get("left_out_median") is None or _number(m.get("left_out_median"), positive=True))
-            and m.get("left_out_unit", "step") in ("step", "micro-step")):
+    if not (
+        isinstance(left_out, list)
+        and all(_number(v, positive=True) and v <= MAX_STEP_SECONDS for v in left_out)
+        and (m.get("left_out_median") is None or _number(m.get("left_out_median"), positive=True))
+        and m.get("left_out_unit", "step") in ("step", "micro-step")
+    ):
         return "measurement's steps left out as disturbances are not a list of step times"
     mean = m["step_time_mean"]
     # Positive step times keep the standard deviation below mean x sqrt(n) and the standard
     # error below the mean: see CI_CEILING.
-    if (mean > MAX_STEP_SECONDS or m["step_time_ci95"] > CI_CEILING * mean
-            or m["step_time_std"] > mean * math.sqrt(max(1, steps))):
+    if (
+        mean > MAX_STEP_SECONDS
+        or m["step_time_ci95"] > CI_CEILING * mean
+        or m["step_time_std"] > mean * math.sqrt(max(1, steps))
+    ):
         return "measurement has a step time or an interval no measurement can have"
     return ""
 
 
 def _number(v: Any, *, positive: bool = False) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            and (v > 0 if positive else v >= 0))
+    return (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v > 0 if positive else v >= 0)
+    )
 
 
 @dataclass(kw_only=True)
@@ -282,18 +309,35 @@ class TrialResult:
         return m.throughput_ci95
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"name": self.name, "spec": self.spec.to_dict(), "state": self.state.value, "reason": self.reason,
-             "measurement": asdict(self.measurement) if self.measurement else None,
-             "peak_memory": self.peak_memory, "peak_allocated": self.peak_allocated,
-             "static_memory": self.static_memory, "memory_kind": self.memory_kind,
-             "num_params": self.num_params, "wall_time": self.wall_time, "budget": self.budget,
-             "start": self.start, "retired": self.retired, "predicted": self.predicted}
+        d = {
+            "name": self.name,
+            "spec": self.spec.to_dict(),
+            "state": self.state.value,
+            "reason": self.reason,
+            "measurement": asdict(self.measurement) if self.measurement else None,
+            "peak_memory": self.peak_memory,
+            "peak_allocated": self.peak_allocated,
+            "static_memory": self.static_memory,
+            "memory_kind": self.memory_kind,
+            "num_params": self.num_params,
+            "wall_time": self.wall_time,
+            "budget": self.budget,
+            "start": self.start,
+            "retired": self.retired,
+            "predicted": self.predicted,
+        }
         m = self.measurement
         if m:
-            d.update({"throughput": m.throughput, "throughput_ci95": m.throughput_ci95,
-                      "latency": m.step_time_mean, "latency_ci95": m.step_time_ci95,
-                      "tokens_per_second": m.throughput * m.tokens_per_sample if m.tokens_per_sample else None,
-                      "flops": m.flops if m.flops is not None else "unavailable: " + (m.flops_note or "not measured")})
+            d.update(
+                {
+                    "throughput": m.throughput,
+                    "throughput_ci95": m.throughput_ci95,
+                    "latency": m.step_time_mean,
+                    "latency_ci95": m.step_time_ci95,
+                    "tokens_per_second": m.throughput * m.tokens_per_sample if m.tokens_per_sample else None,
+                    "flops": m.flops if m.flops is not None else "unavailable: " + (m.flops_note or "not measured"),
+                }
+            )
         return d
 
     @classmethod
@@ -318,10 +362,19 @@ class TrialResult:
                 raise ValueError(f"{key} is not text")
         if not _number(d.get("wall_time", 0.0)):
             raise ValueError("wall_time is not a number of seconds")
-        return cls(spec=TrialSpec.from_dict(d.get("spec")), state=TrialState(d.get("state")),
-                   reason=d.get("reason", ""),
-                   measurement=Measurement(**m) if m else None, peak_memory=d.get("peak_memory", []),
-                   peak_allocated=d.get("peak_allocated", []),
-                   static_memory=d.get("static_memory", []), memory_kind=d.get("memory_kind", ""),
-                   num_params=d.get("num_params"), wall_time=d.get("wall_time", 0.0), budget=d.get("budget"),
-                   start=d.get("start", ""), retired=d.get("retired", ""), predicted=d.get("predicted"))
+        return cls(
+            spec=TrialSpec.from_dict(d.get("spec")),
+            state=TrialState(d.get("state")),
+            reason=d.get("reason", ""),
+            measurement=Measurement(**m) if m else None,
+            peak_memory=d.get("peak_memory", []),
+            peak_allocated=d.get("peak_allocated", []),
+            static_memory=d.get("static_memory", []),
+            memory_kind=d.get("memory_kind", ""),
+            num_params=d.get("num_params"),
+            wall_time=d.get("wall_time", 0.0),
+            budget=d.get("budget"),
+            start=d.get("start", ""),
+            retired=d.get("retired", ""),
+            predicted=d.get("predicted"),
+        )

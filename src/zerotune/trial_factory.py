@@ -2,6 +2,7 @@
 it (or measures it again), where it runs warm, the script options that carry its batch sizes,
 the micro-batch candidates and the memory model. The loop, the phases and the confirmation
 receive this factory, never the tuner."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,9 +28,20 @@ class TrialFactory:
     """What every trial of a tuning is made from (the request, the target, the cluster, the
     measurement settings and the memory budget), and the trials made from it."""
 
-    def __init__(self, *, request: TuningRequest, target: Target, cluster: Cluster, command: UserCommand,
-                 measure: MeasureSettings, budget: int, arg_mappings: dict[str, str], warm_trials: bool,
-                 offload: bool | None, user_config: dict[str, Any]):
+    def __init__(
+        self,
+        *,
+        request: TuningRequest,
+        target: Target,
+        cluster: Cluster,
+        command: UserCommand,
+        measure: MeasureSettings,
+        budget: int,
+        arg_mappings: dict[str, str],
+        warm_trials: bool,
+        offload: bool | None,
+        user_config: dict[str, Any],
+    ):
         self.request, self.target, self.cluster, self.command = request, target, cluster, command
         self.measure, self.budget, self.arg_mappings = measure, budget, arg_mappings
         self.warm_trials, self.offload, self.user_config = warm_trials, offload, user_config
@@ -49,9 +61,11 @@ class TrialFactory:
         per_rank = req.global_batch // self.dp
         out = [m for m in range(lo, min(hi, per_rank) + 1) if per_rank % m == 0]
         if not out:
-            raise ConfigError(f"no micro-batch between {lo} and {hi} divides the {per_rank} samples per process of "
-                              f"the global batch {req.global_batch}; widen the micro-batch bounds or change "
-                              "max_train_batch_size")
+            raise ConfigError(
+                f"no micro-batch between {lo} and {hi} divides the {per_rank} samples per process of "
+                f"the global batch {req.global_batch}; widen the micro-batch bounds or change "
+                "max_train_batch_size"
+            )
         return out
 
     def default_searcher(self) -> Searcher:
@@ -59,11 +73,17 @@ class TrialFactory:
         at = self.request.autotuning
         gas = self.user_config.get("gradient_accumulation_steps")
         return MicroBatchSearch(
-            stages=self.request.stages, candidates=self.candidates(), global_batch=self.request.global_batch,
-            dp=self.dp, grad_accum=gas if isinstance(gas, int) and gas >= 1 else 1, budget=self.budget,
-            metric=at.metric, num_micro_batches=at.num_tuning_micro_batch_sizes,
-            memory=self.memory_model(), prune={s: r for s in self.request.stages
-                                                if (r := invalid_reason(s, self.request.base(s)))})
+            stages=self.request.stages,
+            candidates=self.candidates(),
+            global_batch=self.request.global_batch,
+            dp=self.dp,
+            grad_accum=gas if isinstance(gas, int) and gas >= 1 else 1,
+            budget=self.budget,
+            metric=at.metric,
+            num_micro_batches=at.num_tuning_micro_batch_sizes,
+            memory=self.memory_model(),
+            prune={s: r for s in self.request.stages if (r := invalid_reason(s, self.request.base(s)))},
+        )
 
     @property
     def mp(self) -> int:
@@ -75,8 +95,9 @@ class TrialFactory:
 
         def setup_for(stage: int, num_params: int) -> MemorySetup:
             spec = TrialSpec(stage=stage, micro_batch=1, overrides=(overrides or {}).get(stage, ()))
-            return MemorySetup.from_config(trial_config(self.request.base(stage), spec, self.dp),
-                                           num_params=num_params, dp=self.dp, mp=self.mp)
+            return MemorySetup.from_config(
+                trial_config(self.request.base(stage), spec, self.dp), num_params=num_params, dp=self.dp, mp=self.mp
+            )
 
         info = self.request.autotuning.model_info
         known = (info.num_params if info else None) or self.target.num_params
@@ -87,13 +108,26 @@ class TrialFactory:
         its identity (plus its own ds_config) is the same."""
         at = self.request.autotuning
         code, args = self.target.identity()
-        return Identity(code=code, args=args, topology=self.cluster.topology(), env=self.cluster.run_env(),
-                        measure={"precision": self.measure.precision, "max_seconds": self.measure.max_seconds,
-                                 "max_steps": self.measure.max_steps, "max_warmup": self.measure.max_warmup_steps,
-                                 "start_profile_step": at.start_profile_step, "end_profile_step": at.end_profile_step,
-                                 "warmup": "adaptive" if self.adaptive_warmup else "fixed"},
-                        failure={"trial_timeout": self.measure.trial_timeout,
-                                 "stall_timeout": self.measure.stall_timeout, "budget": self.budget})
+        return Identity(
+            code=code,
+            args=args,
+            topology=self.cluster.topology(),
+            env=self.cluster.run_env(),
+            measure={
+                "precision": self.measure.precision,
+                "max_seconds": self.measure.max_seconds,
+                "max_steps": self.measure.max_steps,
+                "max_warmup": self.measure.max_warmup_steps,
+                "start_profile_step": at.start_profile_step,
+                "end_profile_step": at.end_profile_step,
+                "warmup": "adaptive" if self.adaptive_warmup else "fixed",
+            },
+            failure={
+                "trial_timeout": self.measure.trial_timeout,
+                "stall_timeout": self.measure.stall_timeout,
+                "budget": self.budget,
+            },
+        )
 
     def config_for(self, spec: TrialSpec) -> dict[str, Any]:
         """The ds_config a trial of ``spec`` runs with."""
@@ -109,16 +143,24 @@ class TrialFactory:
         write_json(d / "ds_config.json", cfg)
         config = (d / "ds_config.json").resolve()
         at = self.request.autotuning
-        job = TrialJob(spec=spec, trial_dir=d, script=self.target.script,
-                       script_args=self.target.trial_args(config, self.mapped_args(spec)),
-                       probe_fields=self.target.probe_fields(config),
-                       program_launcher=self.target.program_launcher(store.root, config, self.cluster.num_gpus),
-                       local_rank_arg=self.command.takes_local_rank(), num_gpus=self.cluster.num_gpus,
-                       budget=self.budget,
-                       warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
-                       adaptive_warmup=self.adaptive_warmup,
-                       min_steps=max(3, at.end_profile_step - at.start_profile_step),
-                       measure=self.measure, config=cfg, work_dir=store.root, **self.warm_plan(cfg))
+        job = TrialJob(
+            spec=spec,
+            trial_dir=d,
+            script=self.target.script,
+            script_args=self.target.trial_args(config, self.mapped_args(spec)),
+            probe_fields=self.target.probe_fields(config),
+            program_launcher=self.target.program_launcher(store.root, config, self.cluster.num_gpus),
+            local_rank_arg=self.command.takes_local_rank(),
+            num_gpus=self.cluster.num_gpus,
+            budget=self.budget,
+            warmup_steps=max(1, at.start_profile_step - 1),  # timed from step start_profile_step on
+            adaptive_warmup=self.adaptive_warmup,
+            min_steps=max(3, at.end_profile_step - at.start_profile_step),
+            measure=self.measure,
+            config=cfg,
+            work_dir=store.root,
+            **self.warm_plan(cfg),
+        )
         exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
         write_json(d / "exp.json", exp)
         if "exps_dir" in at.model_fields_set:  # DeepSpeed's layout, when the user asked for it
@@ -154,8 +196,10 @@ class TrialFactory:
         if isinstance(hpz, (int, float)) and hpz > 1:
             # DeepSpeed keeps hpZ's process group for the process and asserts there is none on a
             # second engine.
-            return {"warm": False, "cold_reason": "ZeRO++ hpZ (zero_hpz_partition_size) builds its group once per "
-                                                  "process"}
+            return {
+                "warm": False,
+                "cold_reason": "ZeRO++ hpZ (zero_hpz_partition_size) builds its group once per process",
+            }
         return {"warm": True}
 
     def batch_options_line(self) -> str | None:
@@ -171,4 +215,3 @@ class TrialFactory:
         """The script options of :attr:`arg_mappings`, with the values of ``spec``."""
         values = {"train_micro_batch_size_per_gpu": spec.micro_batch, "gradient_accumulation_steps": spec.grad_accum}
         return {arg: str(values[key]) for key, arg in self.arg_mappings.items() if key in values}
-

@@ -1,4 +1,5 @@
 """The Autotuner: ask the searcher, launch, observe, store. The CLI and Lightning call this."""
+
 from __future__ import annotations
 
 import time
@@ -54,36 +55,68 @@ class Autotuner:
     """
 
     @checked
-    def __init__(self, command: list[str] | Callable[[dict[str, Any]], Any],
-                 ds_config: str | Path | dict[str, Any] | None = None, *,
-                 num_gpus: int | None = None, num_nodes: int | None = None,
-                 memory_per_device: int | str | None = None,
-                 results_dir: str | Path | None = None, searcher: Searcher | None = None,
-                 time_budget: float | str | None = None, launcher: Launcher | None = None,
-                 on_event: Callable[[TuningEvent], None] | None = None, trial_timeout: float | None = None,
-                 precision: float | None = None, max_measure_seconds: float | None = None,
-                 overwrite: bool | None = None, node: hardware.Node | None = None,
-                 lightning: Any = None, offload: bool | None = None,
-                 stall_timeout: float | None = None,
-                 max_concurrent_trials: int | None = None, hostfile: str | Path | None = None, include: str = "",
-                 exclude: str = "", multinode_launcher: str = "pdsh", master_addr: str | None = None,
-                 retry_failed: bool = False, warm_trials: bool | None = None,
-                 budget: float | str | None = None):
+    def __init__(
+        self,
+        command: list[str] | Callable[[dict[str, Any]], Any],
+        ds_config: str | Path | dict[str, Any] | None = None,
+        *,
+        num_gpus: int | None = None,
+        num_nodes: int | None = None,
+        memory_per_device: int | str | None = None,
+        results_dir: str | Path | None = None,
+        searcher: Searcher | None = None,
+        time_budget: float | str | None = None,
+        launcher: Launcher | None = None,
+        on_event: Callable[[TuningEvent], None] | None = None,
+        trial_timeout: float | None = None,
+        precision: float | None = None,
+        max_measure_seconds: float | None = None,
+        overwrite: bool | None = None,
+        node: hardware.Node | None = None,
+        lightning: Any = None,
+        offload: bool | None = None,
+        stall_timeout: float | None = None,
+        max_concurrent_trials: int | None = None,
+        hostfile: str | Path | None = None,
+        include: str = "",
+        exclude: str = "",
+        multinode_launcher: str = "pdsh",
+        master_addr: str | None = None,
+        retry_failed: bool = False,
+        warm_trials: bool | None = None,
+        budget: float | str | None = None,
+    ):
         accelerate = None
         if not callable(command) and is_accelerate_launch(command):
             accelerate = AccelerateLaunch.split(command)  # `accelerate launch [options] script.py ...`
             command = list(accelerate.script_command)
         self.command = UserCommand.from_callable(command) if callable(command) else UserCommand.parse(command)
         self.node = node or hardware.detect()
-        self.measure = MeasureSettings.of(precision=precision, max_seconds=max_measure_seconds,
-                                          trial_timeout=trial_timeout, stall_timeout=stall_timeout)
-        cluster_args = dict(device=self.node.device, device_count=self.node.device_count, num_nodes=num_nodes,
-                            hostfile=hostfile, include=include, exclude=exclude, launcher=multinode_launcher,
-                            master_addr=master_addr)
+        self.measure = MeasureSettings.of(
+            precision=precision,
+            max_seconds=max_measure_seconds,
+            trial_timeout=trial_timeout,
+            stall_timeout=stall_timeout,
+        )
+        cluster_args = dict(
+            device=self.node.device,
+            device_count=self.node.device_count,
+            num_nodes=num_nodes,
+            hostfile=hostfile,
+            include=include,
+            exclude=exclude,
+            launcher=multinode_launcher,
+            master_addr=master_addr,
+        )
         check_counts(num_gpus, num_nodes)  # before anything runs the script
-        self.target: Target = detect(self.command, ds_config, lightning,
-                                     inspect_dir=expand(results_dir or "autotuning_results") / "_inspect",
-                                     env=trial_env(1, self.node.device), accelerate=accelerate)
+        self.target: Target = detect(
+            self.command,
+            ds_config,
+            lightning,
+            inspect_dir=expand(results_dir or "autotuning_results") / "_inspect",
+            env=trial_env(1, self.node.device),
+            accelerate=accelerate,
+        )
         num_gpus = self.target.processes(num_gpus)
         self.user_config = load_ds_config(require_config(self.target.config_source(ds_config)))
         self.cluster = Cluster.build(num_gpus=num_gpus, **cluster_args)
@@ -95,8 +128,9 @@ class Autotuner:
         the ones the target knows (a Hugging Face Trainer's)."""
         if self.arg_mappings and self.request.global_batch is None:
             # The global batch the command trains with now, held through the mapped options.
-            self.request = parse_request(self.user_config, world_size=self.world,
-                                         script_batch=self.target.script_batch(self.arg_mappings))
+            self.request = parse_request(
+                self.user_config, world_size=self.world, script_batch=self.target.script_batch(self.arg_mappings)
+            )
         at = self.request.autotuning
         self.budget = self._budget(memory_per_device)
         self.results_dir = expand(results_dir or at.results_dir)
@@ -109,10 +143,18 @@ class Autotuner:
         self.on_event = on_event or (lambda e: None)
         self.retry_failed = retry_failed
         self.custom_searcher = searcher
-        self.trials = TrialFactory(request=self.request, target=self.target, cluster=self.cluster,
-                                   command=self.command, measure=self.measure, budget=self.budget,
-                                   arg_mappings=self.arg_mappings, offload=offload, user_config=self.user_config,
-                                   warm_trials=at.warm_trials if warm_trials is None else warm_trials)
+        self.trials = TrialFactory(
+            request=self.request,
+            target=self.target,
+            cluster=self.cluster,
+            command=self.command,
+            measure=self.measure,
+            budget=self.budget,
+            arg_mappings=self.arg_mappings,
+            offload=offload,
+            user_config=self.user_config,
+            warm_trials=at.warm_trials if warm_trials is None else warm_trials,
+        )
         """Makes each trial of the tuning (configs, jobs, candidates, the memory model)."""
         self.result: TuningResult | None = None
         self.record: TuningRecord | None = None
@@ -143,9 +185,15 @@ class Autotuner:
     def _tune(self, previous: dict[str, Any] | None) -> TuningResult:
         at = self.request.autotuning
         trials = self.trials
-        record = TuningRecord(self.results_dir, identity=trials.identity(), session=self._session_info(),
-                              previous=previous, retry_failed=self.retry_failed,
-                              max_trials=at.tuner_num_trials, on_event=self.on_event)
+        record = TuningRecord(
+            self.results_dir,
+            identity=trials.identity(),
+            session=self._session_info(),
+            previous=previous,
+            retry_failed=self.retry_failed,
+            max_trials=at.tuner_num_trials,
+            on_event=self.on_event,
+        )
         self.record, self.result = record, None
         searcher = self.custom_searcher or trials.default_searcher()
         start = time.monotonic()
@@ -169,8 +217,9 @@ class Autotuner:
                 record.note(line)
             if (choice := choose_best(record.trials, at.metric)) is not None:
                 if self.time_budget and time.monotonic() - start > self.time_budget:
-                    record.note("the configurations within noise of the best were not measured again: the time "
-                                "budget is spent")
+                    record.note(
+                        "the configurations within noise of the best were not measured again: the time budget is spent"
+                    )
                 else:
                     confirmation = confirm(trials, self.launcher, self.slots, record, choice, earlier=earlier)
         except BaseException:
@@ -187,19 +236,35 @@ class Autotuner:
         best = choice.best if choice else None
         if confirmation is not None and confirmation.best is not None:
             best = next(t for t in done if t.name == confirmation.best)
-        notes = record.notes + ([confirmation.note] if confirmation is not None
-                                else [choice.note] if choice and choice.note else [])
+        notes = record.notes + (
+            [confirmation.note] if confirmation is not None else [choice.note] if choice and choice.note else []
+        )
         best_config = trials.final_config(best.spec) if best else None
         remeasured = confirmation.runs if confirmation is not None else []
-        self.result = TuningResult(metric=at.metric, trials=list(done), best=best,
-                                   best_config=best_config, results_dir=self.results_dir, notes=notes,
-                                   wall_time=wall, launched=record.launched, env=self.cluster.run_env(),
-                                   confirmed=confirmation.confirmed if confirmation is not None else {},
-                                   cost=tuning_cost(done, best, trials.own_spec, wall, remeasured=remeasured,
-                                                    earlier_time=record.earlier_time))
-        record.write_session("finished", wall=wall, notes=notes, best=best.name if best else None,
-                             best_config=best_config, remeasured=[r.to_dict() for r in remeasured],
-                             confirm_from_trial=confirmation.from_trial if confirmation is not None else None)
+        self.result = TuningResult(
+            metric=at.metric,
+            trials=list(done),
+            best=best,
+            best_config=best_config,
+            results_dir=self.results_dir,
+            notes=notes,
+            wall_time=wall,
+            launched=record.launched,
+            env=self.cluster.run_env(),
+            confirmed=confirmation.confirmed if confirmation is not None else {},
+            cost=tuning_cost(
+                done, best, trials.own_spec, wall, remeasured=remeasured, earlier_time=record.earlier_time
+            ),
+        )
+        record.write_session(
+            "finished",
+            wall=wall,
+            notes=notes,
+            best=best.name if best else None,
+            best_config=best_config,
+            remeasured=[r.to_dict() for r in remeasured],
+            confirm_from_trial=confirmation.from_trial if confirmation is not None else None,
+        )
         from .report import write_outputs
 
         write_outputs(self.result, self.target, self.cluster, trials.mapped_args(best.spec) if best else {})
@@ -227,11 +292,18 @@ class Autotuner:
 
     def _session_info(self) -> dict[str, Any]:
         own = self.trials.own_spec
-        return {"metric": self.request.autotuning.metric, "script": self.command.script,
-                "args": list(self.command.args), "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
-                "device": self.node.device, "budget": self.budget, "user_config": self.user_config,
-                "env": self.cluster.run_env(),
-                "own": own.to_dict() if own is not None else None}
+        return {
+            "metric": self.request.autotuning.metric,
+            "script": self.command.script,
+            "args": list(self.command.args),
+            "num_gpus": self.num_gpus,
+            "num_nodes": self.num_nodes,
+            "device": self.node.device,
+            "budget": self.budget,
+            "user_config": self.user_config,
+            "env": self.cluster.run_env(),
+            "own": own.to_dict() if own is not None else None,
+        }
 
     # -- after tuning --------------------------------------------------------------------------
     def write_optimal_config(self, path: str | Path) -> Path:
@@ -250,10 +322,21 @@ class Autotuner:
         assert result.best is not None and result.best_config is not None
         config = self.results_dir / "ds_config_optimal.json"
         spec_path = self.results_dir / "run_probe.json"
-        write_json(spec_path, {"mode": "run", "script": self.target.script,
-                               "args": self.target.trial_args(config, self.trials.mapped_args(result.best.spec)),
-                               "local_rank_arg": self.command.takes_local_rank(), **self.target.probe_fields(config)})
-        code = self.launcher.run_program(spec_path, self.num_gpus, extra_env or {},
-                                         self.target.program_launcher(self.results_dir, config, self.num_gpus))
+        write_json(
+            spec_path,
+            {
+                "mode": "run",
+                "script": self.target.script,
+                "args": self.target.trial_args(config, self.trials.mapped_args(result.best.spec)),
+                "local_rank_arg": self.command.takes_local_rank(),
+                **self.target.probe_fields(config),
+            },
+        )
+        code = self.launcher.run_program(
+            spec_path,
+            self.num_gpus,
+            extra_env or {},
+            self.target.program_launcher(self.results_dir, config, self.num_gpus),
+        )
         sys.stdout.flush()
         return code

@@ -1,4 +1,5 @@
 """Human sizes (``16GB``, ``1.5GiB``, ``800M``) and durations (``20m``, ``90s``)."""
+
 from __future__ import annotations
 
 import math
@@ -7,9 +8,20 @@ import re
 from ._errors import ConfigError
 
 _SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 GIB = 1024**3
@@ -30,8 +42,10 @@ def parse_size(text: str | int | float, *, what: str = "size", limit: int = MAX_
         value, unit = float(match.group(1)), match.group(2).lower()
     value *= _SIZE_UNITS[unit]
     if not math.isfinite(value) or value > limit:
-        raise ConfigError(f"{what}: {text!r} is beyond any real machine (at most {format_size(limit)}); write it "
-                          "like 16GB, 80GiB or 512MiB")
+        raise ConfigError(
+            f"{what}: {text!r} is beyond any real machine (at most {format_size(limit)}); write it "
+            "like 16GB, 80GiB or 512MiB"
+        )
     size = int(value)
     if size <= 0:
         raise ConfigError(f"{what}: {text!r} must be larger than zero")
@@ -48,8 +62,9 @@ def positive_seconds(value: float, what: str) -> float:
     except (TypeError, ValueError):
         raise ConfigError(f"{what}: {value!r} is not a number of seconds") from None
     if not (0 < seconds <= MAX_SECONDS):  # also false for NaN
-        raise ConfigError(f"{what}: {value!r} must be a number of seconds above 0 and at most {MAX_SECONDS:.0f} "
-                          "(30 days)")
+        raise ConfigError(
+            f"{what}: {value!r} must be a number of seconds above 0 and at most {MAX_SECONDS:.0f} (30 days)"
+        )
     return seconds
 
 

@@ -13,6 +13,7 @@ SIGTERM and stops making progress: only SIGKILL ends it), killed (rank 1 is kill
 a user's `kill -9` or a watchdog does), daemon (rank 0 starts a daemon in a session of its own,
 which sleeps for 900 s, then trains fine).
 """
+
 import argparse
 import json
 import os

@@ -4,6 +4,7 @@ in the same two processes (one launch, as a user's script may fit several Traine
 fresh Trainer; each rank writes WORKDIR/<scenario>/rank<N>.json, or rank<N>.error with the
 traceback where the scenario failed, and goes on to the next (files, not stdout: the ranks share
 one stdout, where their lines can interleave). Only a scenario that fails on purpose runs alone."""
+
 import json
 import os
 import sys
@@ -17,8 +18,9 @@ from zerotune.lightning import AutotuneDeepSpeedStrategy  # importing registers 
 
 
 class Regressor(L.LightningModule):
-    def __init__(self, scheduler: bool = False, sharded: bool = False, two_optimizers: bool = False,
-                 cpu_adam: bool = False):
+    def __init__(
+        self, scheduler: bool = False, sharded: bool = False, two_optimizers: bool = False, cpu_adam: bool = False
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.net = None if sharded else self._build()
@@ -74,15 +76,26 @@ def data(n=256):
 
 
 def trainer(strategy, **kw):
-    kw = {"max_epochs": 2, "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
-          "enable_model_summary": False, **kw}
+    kw = {
+        "max_epochs": 2,
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        **kw,
+    }
     return L.Trainer(accelerator="cpu", devices=2, strategy=strategy, **kw)
 
 
 def report(t, **extra):
     engine = t.strategy.model
-    out = {"rank": t.global_rank, "loss": float(t.callback_metrics.get("loss", float("nan"))),
-           "strategy": type(t.strategy).__name__, "device": str(getattr(engine, "device", "")), **extra}
+    out = {
+        "rank": t.global_rank,
+        "loss": float(t.callback_metrics.get("loss", float("nan"))),
+        "strategy": type(t.strategy).__name__,
+        "device": str(getattr(engine, "device", "")),
+        **extra,
+    }
     if hasattr(engine, "zero_optimization_stage"):
         out["stage"] = engine.zero_optimization_stage()
     with open(os.path.join(WORK, f"rank{t.global_rank}.json"), "w") as f:
@@ -119,8 +132,11 @@ def run_scenario(scenario, work):
     torch.manual_seed(0)
     cfg = {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8}
     if scenario.startswith("stage:") or scenario == "by_name":
-        strategy = "deepspeed_autotune" if scenario == "by_name" else AutotuneDeepSpeedStrategy(
-            stage=int(scenario.split(":")[1]))
+        strategy = (
+            "deepspeed_autotune"
+            if scenario == "by_name"
+            else AutotuneDeepSpeedStrategy(stage=int(scenario.split(":")[1]))
+        )
         t = trainer(strategy, max_epochs=3)
         t.fit(Regressor(), data())
         report(t)
@@ -156,8 +172,9 @@ def run_scenario(scenario, work):
         t.fit(Regressor(), data())
         report(t, dtype=str(next(t.strategy.model.module.parameters()).dtype))
     elif scenario.startswith("clip:"):
-        t = trainer(AutotuneDeepSpeedStrategy(stage=2), gradient_clip_val=0.5,
-                    gradient_clip_algorithm=scenario.split(":", 1)[1])
+        t = trainer(
+            AutotuneDeepSpeedStrategy(stage=2), gradient_clip_val=0.5, gradient_clip_algorithm=scenario.split(":", 1)[1]
+        )
         t.fit(Regressor(), data())
         report(t, clipping=t.strategy.config.get("gradient_clipping"))
     elif scenario == "checkpoint":
@@ -181,8 +198,14 @@ def run_scenario(scenario, work):
         report(t2, first_loss=first, epoch=t2.current_epoch, global_step=t2.global_step, lr=lr, consolidated=n)
     elif scenario == "sharded_init":
         # Threshold 0: even these small parameters are partitioned instead of kept whole on every rank.
-        t = trainer(AutotuneDeepSpeedStrategy(config={"zero_optimization": {
-            "stage": 3, "stage3_param_persistence_threshold": 0}, "train_micro_batch_size_per_gpu": 8}))
+        t = trainer(
+            AutotuneDeepSpeedStrategy(
+                config={
+                    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+                    "train_micro_batch_size_per_gpu": 8,
+                }
+            )
+        )
         model = Regressor(sharded=True)
         t.fit(model, data())
         report(t, built_sharded=model.built_sharded, ds_numel=model.shard[0], local_numel=model.shard[1])

@@ -1,4 +1,5 @@
 """Real DeepSpeed trials on CPU: 2 processes, gloo, DeepSpeed's CPU accelerator."""
+
 import json
 import os
 import subprocess
@@ -24,9 +25,13 @@ def cpu_accelerator(monkeypatch):
 
 
 def config(tmp_path, **top):
-    cfg = {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-           "zero_optimization": {"stage": [1, 2]},
-           "autotuning": {"max_train_batch_size": 32, "start_profile_step": 2, "end_profile_step": 5}, **top}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 8,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": [1, 2]},
+        "autotuning": {"max_train_batch_size": 32, "start_profile_step": 2, "end_profile_step": 5},
+        **top,
+    }
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(cfg))
     return path
@@ -35,9 +40,27 @@ def config(tmp_path, **top):
 def test_run_tunes_two_stages_then_trains_with_the_result(tmp_path):
     shm_before = shm_buffers()
     res = tmp_path / "results"
-    cmd = [sys.executable, "-m", "zerotune.cli", "run", "--num-gpus", "2", "--results-dir", str(res),
-           "--precision", "0.1", str(GPT), "--model", "tiny", "--steps", "20", "--log-every", "5",
-           "--deepspeed_config", str(config(tmp_path))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "zerotune.cli",
+        "run",
+        "--num-gpus",
+        "2",
+        "--results-dir",
+        str(res),
+        "--precision",
+        "0.1",
+        str(GPT),
+        "--model",
+        "tiny",
+        "--steps",
+        "20",
+        "--log-every",
+        "5",
+        "--deepspeed_config",
+        str(config(tmp_path)),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads((res / "results.json").read_text())
@@ -61,9 +84,12 @@ def test_run_tunes_two_stages_then_trains_with_the_result(tmp_path):
 
 
 def test_budget_exceeded_on_cpu_is_oom_and_reported(tmp_path):
-    tuner = Autotuner([str(GPT), "--model", "tiny", "--deepspeed_config",
-                       str(config(tmp_path, zero_optimization={"stage": 2}))],
-                      num_gpus=2, memory_per_device="150MB", results_dir=tmp_path / "r")
+    tuner = Autotuner(
+        [str(GPT), "--model", "tiny", "--deepspeed_config", str(config(tmp_path, zero_optimization={"stage": 2}))],
+        num_gpus=2,
+        memory_per_device="150MB",
+        results_dir=tmp_path / "r",
+    )
     with pytest.raises(NoFeasibleConfigError, match="oom"):
         tuner.tune()
     result = json.loads((tmp_path / "r" / "z2_mb8_gas2" / "result.json").read_text())["result"]
@@ -72,7 +98,8 @@ def test_budget_exceeded_on_cpu_is_oom_and_reported(tmp_path):
 
 def test_crash_and_timeout_are_classified_and_leave_no_process(tmp_path):
     crash = tmp_path / "crash.py"
-    crash.write_text(textwrap.dedent("""\
+    crash.write_text(
+        textwrap.dedent("""\
         import argparse, deepspeed, torch
         p = argparse.ArgumentParser(); p.add_argument("--local_rank", type=int)
         p = deepspeed.add_config_arguments(p); a = p.parse_args()
@@ -80,9 +107,13 @@ def test_crash_and_timeout_are_classified_and_leave_no_process(tmp_path):
         m = torch.nn.Linear(4, 4)
         e, *_ = deepspeed.initialize(args=a, model=m, model_parameters=m.parameters())
         raise ValueError("shapes do not match (12 vs 13)")
-        """))
-    tuner = Autotuner([str(crash), "--deepspeed_config", str(config(tmp_path, zero_optimization={"stage": 1}))],
-                      num_gpus=2, results_dir=tmp_path / "r1")
+        """)
+    )
+    tuner = Autotuner(
+        [str(crash), "--deepspeed_config", str(config(tmp_path, zero_optimization={"stage": 1}))],
+        num_gpus=2,
+        results_dir=tmp_path / "r1",
+    )
     with pytest.raises(NoFeasibleConfigError):
         tuner.tune()
     (result,) = tuner.result.trials
@@ -90,8 +121,12 @@ def test_crash_and_timeout_are_classified_and_leave_no_process(tmp_path):
 
     hang = tmp_path / "hang.py"
     hang.write_text("import time\nwhile True:\n    time.sleep(1)\n")
-    tuner = Autotuner([str(hang), "--deepspeed_config", str(config(tmp_path, zero_optimization={"stage": 1}))],
-                      num_gpus=2, results_dir=tmp_path / "r2", trial_timeout=8)
+    tuner = Autotuner(
+        [str(hang), "--deepspeed_config", str(config(tmp_path, zero_optimization={"stage": 1}))],
+        num_gpus=2,
+        results_dir=tmp_path / "r2",
+        trial_timeout=8,
+    )
     start = time.monotonic()
     with pytest.raises(NoFeasibleConfigError):
         tuner.tune()
@@ -108,14 +143,28 @@ def test_tuner_exit_leaves_no_trial_process(tmp_path, sig):
     hang = tmp_path / "hang.py"
     hang.write_text("import time\nwhile True:\n    time.sleep(1)\n")
     res = tmp_path / "r"
-    proc = subprocess.Popen([sys.executable, "-m", "zerotune.cli", "tune", "--num-gpus", "2", "--results-dir",
-                             str(res), str(hang), "--deepspeed_config",
-                             str(config(tmp_path, zero_optimization={"stage": 1}))],
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # Started as a script's background job is: with SIGINT ignored. An explicit
-                            # interrupt must still end the tuning cleanly.
-                            preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sig == "SIGINT"
-                            else None)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "zerotune.cli",
+            "tune",
+            "--num-gpus",
+            "2",
+            "--results-dir",
+            str(res),
+            str(hang),
+            "--deepspeed_config",
+            str(config(tmp_path, zero_optimization={"stage": 1})),
+        ],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Started as a script's background job is: with SIGINT ignored. An explicit
+        # interrupt must still end the tuning cleanly.
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sig == "SIGINT" else None,
+    )
     deadline = time.monotonic() + 60
     while len(trial_processes(res.resolve())) < 3 and time.monotonic() < deadline:  # launcher + 2 ranks
         time.sleep(0.2)
@@ -132,24 +181,31 @@ def test_tuner_exit_leaves_no_trial_process(tmp_path, sig):
 
 def test_python_api_with_a_function_entry_point(tmp_path):
     """From Python, as a notebook would: tune a training function, then train with the result."""
-    (tmp_path / "tiny_job.py").write_text(textwrap.dedent(f"""\
+    (tmp_path / "tiny_job.py").write_text(
+        textwrap.dedent(f"""\
         import sys
         sys.path.insert(0, {str(ROOT / "examples")!r})
         from gpt import train
 
         def train_tiny(ds_config):
             train(ds_config, model="tiny", steps=12, log_every=4)
-        """))
+        """)
+    )
     sys.path.insert(0, str(tmp_path))
     try:
         import tiny_job
     finally:
         sys.path.remove(str(tmp_path))
     events = []
-    cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-           "zero_optimization": {"stage": 2}, "autotuning": {"start_profile_step": 2}}
-    tuner = Autotuner(tiny_job.train_tiny, cfg, num_gpus=2, results_dir=tmp_path / "r", precision=0.2,
-                      on_event=events.append)
+    cfg = {
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": 2},
+        "autotuning": {"start_profile_step": 2},
+    }
+    tuner = Autotuner(
+        tiny_job.train_tiny, cfg, num_gpus=2, results_dir=tmp_path / "r", precision=0.2, on_event=events.append
+    )
     result = tuner.tune()
     assert result.best.state is TrialState.OK and result.best.name == "z2_mb4_gas1"
     assert [e.kind for e in events if e.kind in ("started", "finished")] == ["started", "finished"]
@@ -159,8 +215,24 @@ def test_python_api_with_a_function_entry_point(tmp_path):
 def test_estimate_profiles_the_script_first(tmp_path, capsys):
     from zerotune.cli import main
 
-    rc = main(["estimate", "--num-gpus", "2", "--device-memory", "4GB", "--precision", "fp32", "--json",
-               "--profile", str(GPT), "--model", "tiny", "--deepspeed_config", str(config(tmp_path))])
+    rc = main(
+        [
+            "estimate",
+            "--num-gpus",
+            "2",
+            "--device-memory",
+            "4GB",
+            "--precision",
+            "fp32",
+            "--json",
+            "--profile",
+            str(GPT),
+            "--model",
+            "tiny",
+            "--deepspeed_config",
+            str(config(tmp_path)),
+        ]
+    )
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["model"]["source"].startswith("profiled: z1_mb8")
     assert out["model"]["num_params"] > 100_000 and out["model"]["activation_per_sample"] > 0

@@ -1,5 +1,6 @@
 """A real Hugging Face Trainer script (examples/hf_trainer.py), tuned unmodified on CPU with real
 DeepSpeed trials, then trained with `zerotune run` and with cmd_optimal.txt as written."""
+
 import json
 import os
 import shlex
@@ -22,8 +23,7 @@ MODEL = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--vocab_size", "5
 def run_two_stages(zerotune_args: list[str], tmp_path: Path, res: Path):
     """`zerotune run ...` in ``tmp_path``: its output, and the results.json of a tuning whose OK
     trials covered stages 1 and 2."""
-    cmd = [sys.executable, "-m", "zerotune.cli", "run", "--results-dir", str(res), "--precision", "0.1",
-           *zerotune_args]
+    cmd = [sys.executable, "-m", "zerotune.cli", "run", "--results-dir", str(res), "--precision", "0.1", *zerotune_args]
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900, cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads((res / "results.json").read_text())
@@ -34,15 +34,30 @@ def run_two_stages(zerotune_args: list[str], tmp_path: Path, res: Path):
 
 def test_trainer_script_tuned_over_two_stages_then_trained(tmp_path):
     res = tmp_path / "results"
-    train = ["--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "4",
-             "--gradient_accumulation_steps", "2", "--max_steps", "30", "--save_strategy", "no",
-             "--report_to", "none", "--disable_tqdm", "true", *MODEL]
+    train = [
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--per_device_train_batch_size",
+        "4",
+        "--gradient_accumulation_steps",
+        "2",
+        "--max_steps",
+        "30",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        *MODEL,
+    ]
     # The example's config, one micro-batch per stage to keep the test short.
     config = json.loads((ROOT / "examples" / "ds_config_hf_trainer.json").read_text())
     config["autotuning"].update(min_train_micro_batch_size_per_gpu=4, max_train_micro_batch_size_per_gpu=4)
     (tmp_path / "ds.json").write_text(json.dumps(config))
-    out, results, ok = run_two_stages(["--num-gpus", "2", str(ROOT / "examples" / "hf_trainer.py"),
-                                       "--deepspeed", "ds.json", *train], tmp_path, res)
+    out, results, ok = run_two_stages(
+        ["--num-gpus", "2", str(ROOT / "examples" / "hf_trainer.py"), "--deepspeed", "ds.json", *train], tmp_path, res
+    )
     for t in ok:
         spec, trial_dir = t["spec"], res / t["name"]
         assert spec["micro_batch"] * spec["grad_accum"] * 2 == 16  # the command's global batch (4 x 2 x 2)
@@ -63,8 +78,7 @@ def test_trainer_script_tuned_over_two_stages_then_trained(tmp_path):
     line = (res / "cmd_optimal.txt").read_text()
     words = shlex.split(line)
     assert words[words.index("--per_device_train_batch_size") + 1] == str(best["spec"]["micro_batch"])
-    again = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=ENV, timeout=600,
-                           cwd=tmp_path)
+    again = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=ENV, timeout=600, cwd=tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"steps=30 zero_stage={best['spec']['stage']}" in again.stdout  # the engine's own stage
 
@@ -81,8 +95,17 @@ def test_accelerate_script_tuned_over_two_stages_then_trained(tmp_path):
     acc["deepspeed_config"]["deepspeed_config_file"] = "ds.json"
     (tmp_path / "acc.yaml").write_text(yaml.safe_dump(acc))
     res = tmp_path / "results"
-    script = [str(ROOT / "examples" / "accelerate_train.py"), "--model", "tiny", "--per_device_train_batch_size", "4",
-              "--gradient_accumulation_steps", "2", "--max_train_steps", "30"]
+    script = [
+        str(ROOT / "examples" / "accelerate_train.py"),
+        "--model",
+        "tiny",
+        "--per_device_train_batch_size",
+        "4",
+        "--gradient_accumulation_steps",
+        "2",
+        "--max_train_steps",
+        "30",
+    ]
     out, results, ok = run_two_stages(["accelerate", "launch", "--config_file", "acc.yaml", *script], tmp_path, res)
     for t in ok:
         cmd_txt = (res / t["name"] / "cmd.txt").read_text()
@@ -98,9 +121,13 @@ def test_accelerate_script_tuned_over_two_stages_then_trained(tmp_path):
     line = (res / "cmd_optimal.txt").read_text()
     words = shlex.split(line)
     env_words = [w for w in words if "=" in w.split("/")[0] and w.split("=")[0].isupper()]
-    assert [w.split("=")[0] for w in env_words] == ["DS_ACCELERATOR", "OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_",
-                                                     "MALLOC_TRIM_THRESHOLD_"]  # the trials' environment
-    assert words[len(env_words):len(env_words) + 2] == ["accelerate", "launch"]
+    assert [w.split("=")[0] for w in env_words] == [
+        "DS_ACCELERATOR",
+        "OMP_NUM_THREADS",
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
+    ]  # the trials' environment
+    assert words[len(env_words) : len(env_words) + 2] == ["accelerate", "launch"]
     again = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=ENV, timeout=600, cwd=tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"steps=30 zero_stage={stage} micro_batch=4 accumulation=2" in again.stdout

@@ -1,4 +1,5 @@
 """Every feature of Lightning's DeepSpeed strategy, through AutotuneDeepSpeedStrategy on CPU."""
+
 import json
 import math
 import os
@@ -14,11 +15,26 @@ pytestmark = pytest.mark.integration
 JOB = Path(__file__).with_name("lightning_features.py")
 
 
-BATCH = ["stage:1", "stage:2", "by_name", "offload_optimizer", "config_dict", "config_path", "config_env",
-         "precision:32-true", "precision:16-mixed", "precision:bf16-mixed", "precision:bf16-true", "clip:norm",
-         "validate_predict",
-         # ZeRO-3 last: it is the stage that changes most in a process.
-         "stage:3", "offload_parameters", "checkpoint", "sharded_init"]
+BATCH = [
+    "stage:1",
+    "stage:2",
+    "by_name",
+    "offload_optimizer",
+    "config_dict",
+    "config_path",
+    "config_env",
+    "precision:32-true",
+    "precision:16-mixed",
+    "precision:bf16-mixed",
+    "precision:bf16-true",
+    "clip:norm",
+    "validate_predict",
+    # ZeRO-3 last: it is the stage that changes most in a process.
+    "stage:3",
+    "offload_parameters",
+    "checkpoint",
+    "sharded_init",
+]
 """Scenarios that train: one launch runs them all, each in a fresh Trainer (a launch per
 scenario cost most of this file's time). The ones that must fail run alone (see run)."""
 
@@ -27,8 +43,14 @@ def launch(scenarios, work, ok=True):
     # The features themselves, without tuning (test_lightning_tuning.py covers that).
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "ZEROTUNE_AUTOTUNE": "0"}
     env.pop("PL_DEEPSPEED_CONFIG_PATH", None)
-    out = subprocess.run([sys.executable, str(JOB), ",".join(scenarios), str(work)], capture_output=True,
-                         text=True, env=env, timeout=900, cwd=work)
+    out = subprocess.run(
+        [sys.executable, str(JOB), ",".join(scenarios), str(work)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+        cwd=work,
+    )
     if ok:
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out
@@ -59,8 +81,11 @@ def first_failure(work: Path) -> str:
             return ""
         errors = sorted(folder.glob("rank*.error"))
         if errors:
-            return f"first failed scenario: {scenario}\n" + "\n".join(p.read_text()[-3000:] for p in errors) + \
-                "\n--- this scenario:\n"
+            return (
+                f"first failed scenario: {scenario}\n"
+                + "\n".join(p.read_text()[-3000:] for p in errors)
+                + "\n--- this scenario:\n"
+            )
     return ""
 
 
@@ -72,6 +97,7 @@ def run(batch):
         out = launch([scenario], tmp_path, ok=False)  # an error of its own: alone, so it ends the processes
         assert out.returncode != 0
         return out.stderr
+
     return result
 
 
@@ -113,9 +139,15 @@ def test_config_sources(tmp_path, scenario, run):
     assert all(r["stage"] == 1 for r in ranks) and learned(ranks)
 
 
-@pytest.mark.parametrize("precision, dtype", [("32-true", "torch.float32"), ("16-mixed", "torch.float16"),
-                                              ("bf16-mixed", "torch.bfloat16"),
-                                              ("bf16-true", "torch.bfloat16")])
+@pytest.mark.parametrize(
+    "precision, dtype",
+    [
+        ("32-true", "torch.float32"),
+        ("16-mixed", "torch.float16"),
+        ("bf16-mixed", "torch.bfloat16"),
+        ("bf16-true", "torch.bfloat16"),
+    ],
+)
 def test_precision(tmp_path, precision, dtype, run):
     if precision == "16-mixed" and not cpu_has_fp16():
         pytest.skip("this CPU has no fp16 kernels (oneDNN), so DeepSpeed refuses fp16 on it")
@@ -138,7 +170,7 @@ def test_checkpoint_resume_and_consolidation(tmp_path, run):
     r0 = ranks[0]
     assert r0["epoch"] == 2 and r0["global_step"] == 32  # 16 steps per epoch, resumed after the first
     assert r0["loss"] < r0["first_loss"]  # the loss continued from where it stopped
-    assert r0["lr"] == pytest.approx(1e-2 * 0.5 ** 6)  # the scheduler resumed too (32 steps / 5)
+    assert r0["lr"] == pytest.approx(1e-2 * 0.5**6)  # the scheduler resumed too (32 steps / 5)
     assert r0["consolidated"] == 16 * 32 + 32 + 32 + 1
 
 
@@ -156,17 +188,21 @@ def test_validation_and_predict_loops(tmp_path, run):
 
 
 def test_two_optimizers_is_a_clear_error(tmp_path, run):
-    assert "multiple optimizers is only supported with manual optimization" in run("two_optimizers", tmp_path,
-                                                                                   ok=False)
+    assert "multiple optimizers is only supported with manual optimization" in run("two_optimizers", tmp_path, ok=False)
 
 
 def test_bundled_lightning_example_trains(tmp_path):
     example = Path(__file__).resolve().parents[2] / "examples" / "lightning_gpt.py"
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     # 100 steps: after 30 the last batch's loss was still within noise of a uniform guess (flaky).
-    out = subprocess.run([sys.executable, str(example), "--model", "tiny", "--devices", "2", "--max-steps", "100",
-                          "--no-tune"],
-                         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    out = subprocess.run(
+        [sys.executable, str(example), "--model", "tiny", "--devices", "2", "--max-steps", "100", "--no-tune"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     # Both ranks share stdout, where other output can run into the line: match the number only.
     loss = float(re.search(r"final loss (\d+\.\d{4})", out.stdout).group(1))

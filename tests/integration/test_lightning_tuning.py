@@ -1,6 +1,7 @@
 """Tuning through Lightning for real (2 CPU processes): the strategy tunes on first fit and then
 reads its cache; torchrun-started ranks use the cache or say what to do; the CLI tunes a Lightning
 script unmodified and writes a config Lightning accepts."""
+
 import json
 import os
 import shlex
@@ -49,23 +50,60 @@ def test_strategy_tunes_on_first_fit_then_trains_from_the_cache(tmp_path):
     assert sorted(p.parent.name for p in entry_path.parent.glob("*/result.json")) == trials  # no new trial
 
     # Ranks started by torchrun cannot run trials, but find the cached result.
-    tr = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(EXAMPLE), *ARGS,
-              "--cache-dir", str(cache)], tmp_path)
+    tr = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            str(EXAMPLE),
+            *ARGS,
+            "--cache-dir",
+            str(cache),
+        ],
+        tmp_path,
+    )
     assert tr.returncode == 0, tr.stderr[-3000:]
     assert f"training with {entry['best']}" in tr.stderr
 
 
 def test_torchrun_without_a_cached_result_says_what_to_do(tmp_path):
-    tr = run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(EXAMPLE), *ARGS,
-              "--cache-dir", str(tmp_path / "empty")], tmp_path, timeout=300)
+    tr = run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            str(EXAMPLE),
+            *ARGS,
+            "--cache-dir",
+            str(tmp_path / "empty"),
+        ],
+        tmp_path,
+        timeout=300,
+    )
     assert tr.returncode != 0
     assert "started outside Lightning" in tr.stderr and "zerotune tune --num-gpus 2" in tr.stderr
 
 
 def test_cli_tunes_a_lightning_script_unmodified(tmp_path):
     results = tmp_path / "results"
-    out = run([sys.executable, "-m", "zerotune.cli", "tune", "--results-dir", str(results), str(EXAMPLE), *ARGS,
-               "--no-tune", "--cache-dir", str(tmp_path / "cache")], tmp_path)
+    out = run(
+        [
+            sys.executable,
+            "-m",
+            "zerotune.cli",
+            "tune",
+            "--results-dir",
+            str(results),
+            str(EXAMPLE),
+            *ARGS,
+            "--no-tune",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+        tmp_path,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert "gradient_accumulation_steps" not in optimal and optimal["zero_optimization"]["stage"] == 1
@@ -74,9 +112,12 @@ def test_cli_tunes_a_lightning_script_unmodified(tmp_path):
     assert "PL_DEEPSPEED_CONFIG_PATH=" in cmd
     # The written command trains with the tuned config, which Lightning accepts.
     words = shlex.split(cmd)
-    assigned = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-") and w.isascii()
-                    and w.split("=", 1)[0].isupper())
-    argv = [sys.executable if w == "python" else w for w in words[len(assigned):]]
+    assigned = dict(
+        w.split("=", 1)
+        for w in words
+        if "=" in w and not w.startswith("-") and w.isascii() and w.split("=", 1)[0].isupper()
+    )
+    argv = [sys.executable if w == "python" else w for w in words[len(assigned) :]]
     trained = run(argv, tmp_path, **assigned)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "final loss" in trained.stdout

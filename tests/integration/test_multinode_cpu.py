@@ -1,5 +1,6 @@
 """Two "nodes" on this machine: torchrun agents with a rendezvous on loopback (no ssh), and two
 concurrent trials pinned to disjoint cores. Real DeepSpeed on CPU."""
+
 import json
 import os
 import subprocess
@@ -17,11 +18,16 @@ GPT = ROOT / "examples" / "gpt.py"
 
 def ds_config(tmp_path, stages, micro_batches):
     path = tmp_path / "ds.json"
-    path.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-                                "zero_optimization": {"stage": stages},
-                                "train_micro_batch_size_per_gpu": micro_batches,
-                                "autotuning": {"max_train_batch_size": 16, "start_profile_step": 2,
-                                               "end_profile_step": 5}}))
+    path.write_text(
+        json.dumps(
+            {
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                "zero_optimization": {"stage": stages},
+                "train_micro_batch_size_per_gpu": micro_batches,
+                "autotuning": {"max_train_batch_size": 16, "start_profile_step": 2, "end_profile_step": 5},
+            }
+        )
+    )
     return path
 
 
@@ -29,10 +35,31 @@ def test_two_nodes_through_torchrun_agents(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
     res = tmp_path / "results"
-    out = subprocess.run([sys.executable, "-m", "zerotune.cli", "tune", "--hostfile", str(hostfile), "--launcher",
-                          "torchrun", "--results-dir", str(res), "--precision", "0.2", str(GPT), "--model", "tiny",
-                          "--deepspeed_config", str(ds_config(tmp_path, [1], 8))],
-                         capture_output=True, text=True, env=ENV, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zerotune.cli",
+            "tune",
+            "--hostfile",
+            str(hostfile),
+            "--launcher",
+            "torchrun",
+            "--results-dir",
+            str(res),
+            "--precision",
+            "0.2",
+            str(GPT),
+            "--model",
+            "tiny",
+            "--deepspeed_config",
+            str(ds_config(tmp_path, [1], 8)),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     results = json.loads((res / "results.json").read_text())
     ok = [t for t in results["trials"] if t["state"] == "ok"]
@@ -46,10 +73,33 @@ def test_two_nodes_through_torchrun_agents(tmp_path):
 
 def test_two_trials_at_once_on_disjoint_cores(tmp_path):
     res = tmp_path / "results"
-    out = subprocess.run([sys.executable, "-m", "zerotune.cli", "tune", "--num-gpus", "1", "--log-format", "json",
-                          "--max-concurrent-trials", "2", "--results-dir", str(res), "--precision", "0.2", str(GPT),
-                          "--model", "tiny", "--deepspeed_config", str(ds_config(tmp_path, [0, 1], 8))],
-                         capture_output=True, text=True, env=ENV, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "zerotune.cli",
+            "tune",
+            "--num-gpus",
+            "1",
+            "--log-format",
+            "json",
+            "--max-concurrent-trials",
+            "2",
+            "--results-dir",
+            str(res),
+            "--precision",
+            "0.2",
+            str(GPT),
+            "--model",
+            "tiny",
+            "--deepspeed_config",
+            str(ds_config(tmp_path, [0, 1], 8)),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     events = [json.loads(line) for line in out.stdout.splitlines()]  # stdout holds JSON lines only
     assert events[-1]["event"] == "result" and events[-1]["best"]

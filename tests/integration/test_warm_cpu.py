@@ -2,6 +2,7 @@
 habits of real scripts (DataLoader workers, atexit hooks, destroy_process_group, sys.exit, a
 catch-all except) keep or retire the processes as they should; a ZeRO-1 trial run warm after a
 ZeRO-3 one trains exactly as it does cold."""
+
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,15 +26,28 @@ def cpu_accelerator(monkeypatch):
 def job(tmp_path, name, stage, args, *, warm=True, max_seconds=2.0, adaptive=False):
     d = tmp_path / name
     d.mkdir()
-    cfg = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
-           "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": stage}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": stage},
+    }
     (d / "ds_config.json").write_text(json.dumps(cfg))
-    return TrialJob(spec=TrialSpec(stage=stage, micro_batch=4), trial_dir=d, script=str(SCRIPT),
-                    script_args=[*args, "--deepspeed_config", str(d / "ds_config.json")], local_rank_arg=True,
-                    num_gpus=2, budget=None, warmup_steps=1, min_steps=3, config=cfg, warm=warm,
-                    adaptive_warmup=adaptive,
-                    measure=MeasureSettings(max_seconds=max_seconds, precision=0.5, trial_timeout=600,
-                                            stall_timeout=120))
+    return TrialJob(
+        spec=TrialSpec(stage=stage, micro_batch=4),
+        trial_dir=d,
+        script=str(SCRIPT),
+        script_args=[*args, "--deepspeed_config", str(d / "ds_config.json")],
+        local_rank_arg=True,
+        num_gpus=2,
+        budget=None,
+        warmup_steps=1,
+        min_steps=3,
+        config=cfg,
+        warm=warm,
+        adaptive_warmup=adaptive,
+        measure=MeasureSettings(max_seconds=max_seconds, precision=0.5, trial_timeout=600, stall_timeout=120),
+    )
 
 
 def done(tmp_path, group, seq, rank=0):
@@ -75,7 +89,9 @@ def test_script_habits_keep_the_processes_warm_and_training_identical_to_cold(tm
     # differently (twice the FLOPs here).
     z3_flops, z1_flops = rank0(tmp_path / "z3"), rank0(tmp_path / "z1")
     carried, profiled = rank0(tmp_path / "again"), rank0(tmp_path / "cold")
-    assert z1_flops["flops_note"].endswith("flops profiler") and z3_flops["flops_per_step"] != z1_flops["flops_per_step"]
+    assert (
+        z1_flops["flops_note"].endswith("flops profiler") and z3_flops["flops_per_step"] != z1_flops["flops_per_step"]
+    )
     assert "profiled them" in carried["flops_note"] and profiled["flops_note"].endswith("flops profiler")
     assert carried["flops_per_step"] == profiled["flops_per_step"] == z1_flops["flops_per_step"] > 0
     # (its DataLoader workers start in step 1 here, so the rule may still call it warm-up)
@@ -104,7 +120,9 @@ def test_a_trial_that_does_not_end_cleanly_retires_the_processes(tmp_path):
         launcher.close()
     assert first.state is TrialState.OK and not first.retired
     # The script swallowed zerotune's stop: its result stands, its processes are not trusted again.
-    assert caught.state is TrialState.OK and caught.start.startswith("warm") and "caught zerotune's stop" in caught.retired
+    assert (
+        caught.state is TrialState.OK and caught.start.startswith("warm") and "caught zerotune's stop" in caught.retired
+    )
     assert oom.state is TrialState.OOM and oom.start.startswith("cold (new") and oom.retired
     assert after.state is TrialState.OK and after.start.startswith("cold (new")
     assert (tmp_path / "_warm" / "slot0-1" / "retired.txt").exists()

@@ -10,6 +10,7 @@ process hard (the warm-trial tests):
 
 Each rank writes the losses of its first steps to losses.rank<R>.json in the trial folder.
 """
+
 import argparse
 import atexit
 import json
@@ -44,8 +45,9 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     data = torch.utils.data.TensorDataset(torch.randn(4096, 32))
-    loader = torch.utils.data.DataLoader(data, batch_size=engine.train_micro_batch_size_per_gpu(),
-                                         num_workers=args.workers, shuffle=False)
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=engine.train_micro_batch_size_per_gpu(), num_workers=args.workers, shuffle=False
+    )
     losses = []
     try:
         try:

@@ -1,5 +1,6 @@
 """The ranks of a trial started by Accelerate's launcher (``accelerate launch``) instead of
 DeepSpeed's: for programs whose users start them so, with their Accelerate config."""
+
 from __future__ import annotations
 
 import sys
@@ -10,6 +11,18 @@ def accelerate_argv(options: Sequence[str], num_gpus: int, port: int, devices: l
     """``accelerate launch`` with ``options`` (its config file and the user's other options),
     starting ``zerotune.probe`` in ``num_gpus`` processes on this node, on ``devices``. The
     user's arguments are not here: the probe reads them from the trial folder."""
-    return [sys.executable, "-m", "accelerate.commands.launch", *options, "--num_processes", str(num_gpus),
-            "--num_machines", "1", "--main_process_port", str(port),
-            *(["--gpu_ids", ",".join(map(str, devices))] if devices else []), "--module", "zerotune.probe"]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *options,
+        "--num_processes",
+        str(num_gpus),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(port),
+        *(["--gpu_ids", ",".join(map(str, devices))] if devices else []),
+        "--module",
+        "zerotune.probe",
+    ]

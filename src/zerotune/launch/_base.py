@@ -1,4 +1,5 @@
 """How a trial's processes start, apart from what is tried (search) and when to stop (tuner)."""
+
 from __future__ import annotations
 
 import abc
@@ -63,20 +64,34 @@ class TrialJob:
     """The options of the program's own launcher (``accelerate launch``), which then starts the
     ranks instead of DeepSpeed's per-node launcher; empty: DeepSpeed's."""
 
-
     def probe_spec(self, trial_dir: Path) -> dict[str, Any]:
         """What zerotune.probe reads in each rank (probe.json): the script, its arguments and
         how to measure."""
-        return {"mode": "measure", "script": self.script, "args": self.script_args,
-                "local_rank_arg": self.local_rank_arg, "out_dir": str(trial_dir),
-                "results_dir": str((self.work_dir or trial_dir.parent).resolve()), "budget": self.budget,
-                "warmup_steps": self.warmup_steps, "adaptive_warmup": self.adaptive_warmup,
-                "min_steps": self.min_steps, "max_steps": self.measure.max_steps,
-                "max_warmup": self.measure.max_warmup_steps,
-                "max_seconds": self.measure.max_seconds, "window_seconds": self.window_seconds, "rel_ci": self.measure.precision, "to_beat": self.to_beat,
-                "settle": self.settle,
-                "expect": {"stage": self.spec.stage, "micro_batch": self.spec.micro_batch,
-                           "grad_accum": self.spec.grad_accum}, **self.probe_fields}
+        return {
+            "mode": "measure",
+            "script": self.script,
+            "args": self.script_args,
+            "local_rank_arg": self.local_rank_arg,
+            "out_dir": str(trial_dir),
+            "results_dir": str((self.work_dir or trial_dir.parent).resolve()),
+            "budget": self.budget,
+            "warmup_steps": self.warmup_steps,
+            "adaptive_warmup": self.adaptive_warmup,
+            "min_steps": self.min_steps,
+            "max_steps": self.measure.max_steps,
+            "max_warmup": self.measure.max_warmup_steps,
+            "max_seconds": self.measure.max_seconds,
+            "window_seconds": self.window_seconds,
+            "rel_ci": self.measure.precision,
+            "to_beat": self.to_beat,
+            "settle": self.settle,
+            "expect": {
+                "stage": self.spec.stage,
+                "micro_batch": self.spec.micro_batch,
+                "grad_accum": self.spec.grad_accum,
+            },
+            **self.probe_fields,
+        }
 
 
 class Launcher(abc.ABC):
@@ -85,15 +100,15 @@ class Launcher(abc.ABC):
     several threads at once, one per slot."""
 
     @abc.abstractmethod
-    def run(self, job: TrialJob) -> TrialResult:
-        ...
+    def run(self, job: TrialJob) -> TrialResult: ...
 
     def preflight(self) -> None:
         """Check, before any trial, that trials can start at all (tools installed, hosts
         reachable); raise a ZerotuneError that says what to fix."""
 
-    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str],
-                    program: tuple[str, ...] = ()) -> int:
+    def run_program(
+        self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str], program: tuple[str, ...] = ()
+    ) -> int:
         """Start the probe in ``run`` mode (the user's real training) on every rank of the
         trials' topology, output to this terminal; wait for it and return its exit status."""
         raise NotImplementedError(f"{type(self).__name__} cannot run the training")

@@ -4,6 +4,7 @@ and without end, while a ``lock`` file exists in the op's build folder. A build 
 (Ctrl-C, a stopped test run) leaves it behind, and every later trial then waits on it until its
 trial timeout. zerotune only reads that folder: deleting a lock that a running build holds
 would break that build, so the user is told where it is."""
+
 from __future__ import annotations
 
 import os
@@ -32,6 +33,8 @@ def lock_hint() -> str:
     if not locks:
         return ""
     named = ", ".join(str(p) for p in locks[:3]) + (f" and {len(locks) - 3} more" if len(locks) > 3 else "")
-    return (f"; no rank reported before the timeout, and torch's extension cache holds a build lock ({named}): "
-            "DeepSpeed's op build waits on it for ever. If no other build is running, a killed one left it: "
-            "delete it and run again")
+    return (
+        f"; no rank reported before the timeout, and torch's extension cache holds a build lock ({named}): "
+        "DeepSpeed's op build waits on it for ever. If no other build is running, a killed one left it: "
+        "delete it and run again"
+    )

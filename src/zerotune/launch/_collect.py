@@ -1,4 +1,5 @@
 """Turn what a trial left in its folder (per-rank JSON, logs, exit status) into a TrialResult."""
+
 from __future__ import annotations
 
 import json
@@ -20,12 +21,16 @@ _OOM_TEXT = re.compile(r"CUDA out of memory|OutOfMemoryError|out of memory", re.
 _RETURN_CODE = re.compile(r"exits with return code = (-?\d+)|exitcode\s*:\s*(-?\d+)")
 _PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE", re.IGNORECASE)
 KNOWN_FIXES = (
-    (re.compile(r"train_batch_size is not equal to micro_batch_per_gpu \* gradient_acc_step \* world_size"),
-     "the script filled train_batch_size for another number of processes (Hugging Face's Trainer does so with "
-     '"train_batch_size": "auto" on CPU); leave train_batch_size out of the ds_config'),
-    (re.compile(r"DeepSpeed config values that mismatch TrainingArguments"),
-     "the Trainer's arguments disagree with the trial's batch values; set the batch values to \"auto\" in the "
-     "ds_config, or map them to the script's options with autotuning.arg_mappings"),
+    (
+        re.compile(r"train_batch_size is not equal to micro_batch_per_gpu \* gradient_acc_step \* world_size"),
+        "the script filled train_batch_size for another number of processes (Hugging Face's Trainer does so with "
+        '"train_batch_size": "auto" on CPU); leave train_batch_size out of the ds_config',
+    ),
+    (
+        re.compile(r"DeepSpeed config values that mismatch TrainingArguments"),
+        "the Trainer's arguments disagree with the trial's batch values; set the batch values to \"auto\" in the "
+        "ds_config, or map them to the script's options with autotuning.arg_mappings",
+    ),
 )
 """Errors whose fix is known: (what the error says, what to do)."""
 _ARCH_INT_ERROR = re.compile(r"invalid literal for int\(\) with base 10: '\d*[a-z]")
@@ -40,8 +45,10 @@ def _arch_list_fix() -> str:
     if not _ARCH_SUFFIXED.search(arch):
         return ""
     plain = ";".join(dict.fromkeys(re.sub(r"(\d)[a-z]+", r"\1", a) for a in re.split(r"[;\s]+", arch) if a))
-    return (f"DeepSpeed's JIT op build cannot read TORCH_CUDA_ARCH_LIST={arch} (an architecture-specific entry); "
-            f"set TORCH_CUDA_ARCH_LIST={shlex.quote(plain)}, or unset it to build for the GPUs present")
+    return (
+        f"DeepSpeed's JIT op build cannot read TORCH_CUDA_ARCH_LIST={arch} (an architecture-specific entry); "
+        f"set TORCH_CUDA_ARCH_LIST={shlex.quote(plain)}, or unset it to build for the GPUs present"
+    )
 
 
 def known_fix(reason: str) -> str:
@@ -95,10 +102,17 @@ def _signal_name(num: int) -> str:
     return name + (" (a segmentation fault: a bug in native code, not a config problem)" if name == "SIGSEGV" else "")
 
 
-_FATAL = re.compile(r"Fatal Python error: (Segmentation fault|Aborted|Floating point exception|Bus error|"
-                    r"Illegal instruction)")
-_FATAL_SIGNALS = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Floating point exception": "SIGFPE",
-                  "Bus error": "SIGBUS", "Illegal instruction": "SIGILL"}
+_FATAL = re.compile(
+    r"Fatal Python error: (Segmentation fault|Aborted|Floating point exception|Bus error|"
+    r"Illegal instruction)"
+)
+_FATAL_SIGNALS = {
+    "Segmentation fault": "SIGSEGV",
+    "Aborted": "SIGABRT",
+    "Floating point exception": "SIGFPE",
+    "Bus error": "SIGBUS",
+    "Illegal instruction": "SIGILL",
+}
 
 
 def _missing_cause(trial_dir: Path, ranks: list[dict | None], *, generic: bool) -> str | None:
@@ -116,11 +130,16 @@ def _missing_cause(trial_dir: Path, ranks: list[dict | None], *, generic: bool) 
         m = _FATAL.search(path.read_text(errors="replace")[-20000:]) if path.exists() else None
         if m:
             sig = _FATAL_SIGNALS[m.group(1)]
-            return f"rank {r} was killed by {_signal_name(signal.Signals[sig].value)}; its Python stack is in " \
-                   f"rank{r}.stderr"
+            return (
+                f"rank {r} was killed by {_signal_name(signal.Signals[sig].value)}; its Python stack is in "
+                f"rank{r}.stderr"
+            )
     # SIGTERM and SIGINT are the clean-up's (the launcher's, zerotune's) once a rank has failed.
-    deaths = sorted((exit_file(trial_dir, r).stat().st_mtime, r, sig) for r in missing
-                    if (sig := read_exit(trial_dir, r)) not in (None, signal.SIGTERM, signal.SIGINT))
+    deaths = sorted(
+        (exit_file(trial_dir, r).stat().st_mtime, r, sig)
+        for r in missing
+        if (sig := read_exit(trial_dir, r)) not in (None, signal.SIGTERM, signal.SIGINT)
+    )
     if deaths:
         _, r, sig = deaths[0]  # the first to die; the others are ended after it
         return SIGKILL if sig == signal.SIGKILL else f"rank {r} was killed by {_signal_name(sig)}"
@@ -132,8 +151,9 @@ def _missing_cause(trial_dir: Path, ranks: list[dict | None], *, generic: bool) 
     if first is not None and first < 0:
         return f"a rank was killed by {_signal_name(-first)}"
     if generic:
-        return f"rank {missing[0]} ended without reporting a result" + (f" (a process exited with status {first})"
-                                                                         if first else "")
+        return f"rank {missing[0]} ended without reporting a result" + (
+            f" (a process exited with status {first})" if first else ""
+        )
     return None
 
 
@@ -151,19 +171,29 @@ def _sigkilled(result: TrialResult, oom_kills: int | None, budget: int | None, t
     near = bool(budget and peak and peak >= NEAR_LIMIT * budget)
     if oom_kills:
         result.state = TrialState.OOM
-        reason = (f"a rank was killed by the kernel's out-of-memory killer ({oom_kills} OOM kill(s) counted in "
-                  "the memory cgroup during the trial)")
+        reason = (
+            f"a rank was killed by the kernel's out-of-memory killer ({oom_kills} OOM kill(s) counted in "
+            "the memory cgroup during the trial)"
+        )
     elif oom_kills is None and near:
         result.state = TrialState.OOM
-        reason = (f"a rank was killed by SIGKILL at a peak of {format_size(peak)} against the budget of "
-                  f"{format_size(budget)}: most likely the kernel's out-of-memory killer")
+        reason = (
+            f"a rank was killed by SIGKILL at a peak of {format_size(peak)} against the budget of "
+            f"{format_size(budget)}: most likely the kernel's out-of-memory killer"
+        )
     else:
         result.state = TrialState.KILLED
-        evidence = ("the kernel counted no out-of-memory kill" if oom_kills == 0
-                    else f"its peak {format_size(peak)} was far below the budget {format_size(budget)}"
-                    if peak and budget else "no sign of an out-of-memory kill")
-        reason = (f"a rank was killed by SIGKILL from outside zerotune ({evidence}): not a verdict on the "
-                  "configuration, which a rerun measures again")
+        evidence = (
+            "the kernel counted no out-of-memory kill"
+            if oom_kills == 0
+            else f"its peak {format_size(peak)} was far below the budget {format_size(budget)}"
+            if peak and budget
+            else "no sign of an out-of-memory kill"
+        )
+        reason = (
+            f"a rank was killed by SIGKILL from outside zerotune ({evidence}): not a verdict on the "
+            "configuration, which a rerun measures again"
+        )
     result.reason = f"{reason}; then {then}" if then else reason
     return result
 
@@ -182,9 +212,21 @@ def collect(**kw) -> TrialResult:
     return result
 
 
-def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | None, timed_out: bool,
-             timeout: float, wall_time: float, budget: int | None, min_steps: int, rel_ci: float,
-             hung: str | None = None, oom_kills: int | None = None) -> TrialResult:
+def _collect(
+    *,
+    spec: TrialSpec,
+    trial_dir: Path,
+    world: int,
+    returncode: int | None,
+    timed_out: bool,
+    timeout: float,
+    wall_time: float,
+    budget: int | None,
+    min_steps: int,
+    rel_ci: float,
+    hung: str | None = None,
+    oom_kills: int | None = None,
+) -> TrialResult:
     """``hung``: why the launcher ended a trial that stopped making progress. ``oom_kills``: the
     OOM kills the kernel counted during the trial (None: unknown)."""
     ranks = _read_ranks(trial_dir, world)
@@ -221,21 +263,29 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
     rank0 = ranks[0]
     if rank0 is None or len(present) < world:
         if _stderr_has_oom(trial_dir, world):
-            result.state, result.reason = TrialState.OOM, "out of memory (" + (_last_error_line(trial_dir, world)
-                                                                              or "see rank stderr") + ")"
+            result.state, result.reason = (
+                TrialState.OOM,
+                "out of memory (" + (_last_error_line(trial_dir, world) or "see rank stderr") + ")",
+            )
             return result
         cause = _missing_cause(trial_dir, ranks, generic=False)
         if cause == SIGKILL:
             return _sigkilled(result, oom_kills, budget)
-        detail = (cause or _last_error_line(trial_dir, world) or _missing_cause(trial_dir, ranks, generic=True)
-                  or f"the launcher exited with status {returncode}")
+        detail = (
+            cause
+            or _last_error_line(trial_dir, world)
+            or _missing_cause(trial_dir, ranks, generic=True)
+            or f"the launcher exited with status {returncode}"
+        )
         result.reason = f"{detail} (see {trial_dir}/rank*.stderr)"
         return result
     intervals = rank0.get("intervals") or []
     if not intervals:
         n = len(rank0.get("times") or [])
-        result.reason = (f"the script ended after {n} optimizer steps, before any step after the "
-                         f"{rank0.get('warmup_steps')} warm-up steps; let it train longer")
+        result.reason = (
+            f"the script ended after {n} optimizer steps, before any step after the "
+            f"{rank0.get('warmup_steps')} warm-up steps; let it train longer"
+        )
         return result
     # The probe's own split (it stopped on the same figure): disturbances left out, see split_disturbed.
     timed = split_disturbed(intervals)
@@ -244,26 +294,39 @@ def _collect(*, spec: TrialSpec, trial_dir: Path, world: int, returncode: int | 
     stable = is_stable(timed.kept, min_steps=min_steps, rel_ci=rel_ci)
     left_out = {"left_out": timed.left_out, "left_out_median": timed.median if timed.left_out else None}
     estimate = rank0.get("estimate")
-    if isinstance(estimate, list) and len(estimate) == 3 and all(isinstance(v, (int, float)) for v in estimate) \
-            and math.isfinite(estimate[0]) and estimate[0] > 0:
+    if (
+        isinstance(estimate, list)
+        and len(estimate) == 3
+        and all(isinstance(v, (int, float)) for v in estimate)
+        and math.isfinite(estimate[0])
+        and estimate[0] > 0
+    ):
         # At high accumulation, the step time estimated from its micro-steps (see step_estimate).
         mean, std, ci = estimate
         std = std if math.isfinite(std) else mean
         df = rank0.get("estimate_df")
         df = float(df) if isinstance(df, (int, float)) and not isinstance(df, bool) and df >= 1 else None
-        stable = estimate_is_stable((mean, std, ci), whole_steps=len(intervals), min_steps=min(2, min_steps),
-                                    rel_ci=rel_ci)
+        stable = estimate_is_stable(
+            (mean, std, ci), whole_steps=len(intervals), min_steps=min(2, min_steps), rel_ci=rel_ci
+        )
         left_out = _left_out_micro_steps(rank0)
     result.measurement = Measurement(
-        samples_per_step=int(rank0["samples_per_step"]), step_time_mean=mean, step_time_std=std,
-        step_time_ci95=ci if math.isfinite(ci) else mean, steps_measured=len(intervals),
+        samples_per_step=int(rank0["samples_per_step"]),
+        step_time_mean=mean,
+        step_time_std=std,
+        step_time_ci95=ci if math.isfinite(ci) else mean,
+        steps_measured=len(intervals),
         step_time_df=df if math.isfinite(ci) and df and df >= 1 else None,
         stable=stable,
-        tokens_per_sample=rank0.get("tokens_per_sample"), flops_per_step=rank0.get("flops_per_step"),
-        flops_note=rank0.get("flops_note") or "", early_stop=bool(rank0.get("early_stop")),
+        tokens_per_sample=rank0.get("tokens_per_sample"),
+        flops_per_step=rank0.get("flops_per_step"),
+        flops_note=rank0.get("flops_note") or "",
+        early_stop=bool(rank0.get("early_stop")),
         tied=bool(rank0.get("tied")) and not rank0.get("early_stop"),
-        **_lost_to(rank0), **left_out,
-        timed_seconds=float(sum(intervals)))
+        **_lost_to(rank0),
+        **left_out,
+        timed_seconds=float(sum(intervals)),
+    )
     if budget and result.max_peak and result.max_peak > budget:
         result.state = TrialState.OOM
         result.reason = f"peak memory {format_size(result.max_peak)} above the budget of {format_size(budget)}"

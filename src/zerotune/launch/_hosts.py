@@ -6,6 +6,7 @@ A hostfile has one ``hostname slots=N`` per line (``#`` starts a comment). A fil
 "worker-0@worker-1:0,2"`` uses every slot of worker-0 and slots 0 and 2 of worker-1;
 ``--exclude "worker-1:0"`` uses everything but slot 0 of worker-1.
 """
+
 from __future__ import annotations
 
 import re
@@ -38,14 +39,18 @@ def read_hostfile(path: str | Path) -> dict[str, int]:
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except OSError as e:
-        raise ConfigError(f"--hostfile {str(p)!r} cannot be read ({e.strerror}); give a file with one "
-                          "'hostname slots=N' per line") from None
+        raise ConfigError(
+            f"--hostfile {str(p)!r} cannot be read ({e.strerror}); give a file with one 'hostname slots=N' per line"
+        ) from None
     except UnicodeDecodeError:
-        raise ConfigError(f"--hostfile {str(p)!r} is not UTF-8 text; give a file with one 'hostname slots=N' "
-                          "per line") from None
+        raise ConfigError(
+            f"--hostfile {str(p)!r} is not UTF-8 text; give a file with one 'hostname slots=N' per line"
+        ) from None
     except ValueError:  # a NUL in the path
-        raise ConfigError(f"--hostfile {str(p)!r} is not a path (it holds a NUL character); give the path of "
-                          "a file with one 'hostname slots=N' per line") from None
+        raise ConfigError(
+            f"--hostfile {str(p)!r} is not a path (it holds a NUL character); give the path of "
+            "a file with one 'hostname slots=N' per line"
+        ) from None
     hosts: dict[str, int] = {}
     for number, raw in enumerate(lines, 1):
         line = raw.split("#", 1)[0].strip()
@@ -53,8 +58,10 @@ def read_hostfile(path: str | Path) -> dict[str, int]:
             continue
         m = _LINE.match(line)
         if not m or not 1 <= int(m.group(2)) <= MAX_SLOTS:
-            raise ConfigError(f"--hostfile {str(p)!r} line {number}: {raw.strip()!r} is not 'hostname slots=N' "
-                              f"with N from 1 to {MAX_SLOTS}")
+            raise ConfigError(
+                f"--hostfile {str(p)!r} line {number}: {raw.strip()!r} is not 'hostname slots=N' "
+                f"with N from 1 to {MAX_SLOTS}"
+            )
         if m.group(1) in hosts:
             raise ConfigError(f"--hostfile {str(p)!r} line {number}: host {m.group(1)!r} is listed twice")
         hosts[m.group(1)] = int(m.group(2))
@@ -84,8 +91,9 @@ def _parse_filter(text: str, what: str, pool: dict[str, list[int]]) -> dict[str,
     return out
 
 
-def select_hosts(hostfile: dict[str, int], *, num_nodes: int | None, num_gpus: int | None,
-                 include: str = "", exclude: str = "") -> list[Host]:
+def select_hosts(
+    hostfile: dict[str, int], *, num_nodes: int | None, num_gpus: int | None, include: str = "", exclude: str = ""
+) -> list[Host]:
     """The hosts (in hostfile order) and slots a trial uses, as DeepSpeed's runner picks them."""
     if include and exclude:
         raise ConfigError("--include and --exclude cannot both be given; use one of them")
@@ -95,24 +103,31 @@ def select_hosts(hostfile: dict[str, int], *, num_nodes: int | None, num_gpus: i
         pool = {h: (chosen[h] if chosen[h] is not None else s) for h, s in pool.items() if h in chosen}
     elif exclude:
         dropped = _parse_filter(exclude, "--exclude", pool)
-        pool = {h: ([] if dropped[h] is None else [i for i in s if i not in dropped[h]]) if h in dropped else s
-                for h, s in pool.items()}
+        pool = {
+            h: ([] if dropped[h] is None else [i for i in s if i not in dropped[h]]) if h in dropped else s
+            for h, s in pool.items()
+        }
         pool = {h: s for h, s in pool.items() if s}
     hosts = [Host(h, tuple(s)) for h, s in pool.items()]
     if num_nodes is not None:
         if num_nodes > len(hosts):
-            raise ConfigError(f"--num-nodes {num_nodes} is more than the {len(hosts)} host(s) left after the "
-                              "hostfile and filters; lower --num-nodes or add hosts")
+            raise ConfigError(
+                f"--num-nodes {num_nodes} is more than the {len(hosts)} host(s) left after the "
+                "hostfile and filters; lower --num-nodes or add hosts"
+            )
         hosts = hosts[:num_nodes]
     if num_gpus is not None:
         short = [h.name for h in hosts if len(h.slots) < num_gpus]
         if short:
-            raise ConfigError(f"--num-gpus {num_gpus} is more than host {short[0]!r} offers; lower --num-gpus or "
-                              "change the hostfile")
+            raise ConfigError(
+                f"--num-gpus {num_gpus} is more than host {short[0]!r} offers; lower --num-gpus or change the hostfile"
+            )
         hosts = [Host(h.name, h.slots[:num_gpus]) for h in hosts]
     counts = {len(h.slots) for h in hosts}
     if len(counts) > 1:
-        raise ConfigError("the selected hosts offer different numbers of slots "
-                          f"({', '.join(f'{h.name}: {len(h.slots)}' for h in hosts)}); give --num-gpus so every "
-                          "node runs the same number of processes")
+        raise ConfigError(
+            "the selected hosts offer different numbers of slots "
+            f"({', '.join(f'{h.name}: {len(h.slots)}' for h in hosts)}); give --num-gpus so every "
+            "node runs the same number of processes"
+        )
     return hosts

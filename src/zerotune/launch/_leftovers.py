@@ -18,6 +18,7 @@ rendezvous address and port) and never unlinks them. Each port a trial uses is n
 results folder before its processes start; buffers of those ports that no living process maps
 are removed by the next tuning of the folder.
 """
+
 from __future__ import annotations
 
 import os
@@ -130,6 +131,7 @@ def leftovers_line(ended: list[Leftover], who: str) -> str | None:
 
 
 # -- shared-memory buffers -------------------------------------------------------------------
+
 
 def buffers(port: int, addr: str = "127.0.0.1", shm_dir: Path = SHM_DIR) -> list[Path]:
     """The shared-memory allreduce buffers DeepSpeed's CPU backend made for the job on ``addr:port``."""

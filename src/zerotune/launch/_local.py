@@ -1,4 +1,5 @@
 """Trials on this node through DeepSpeed's own per-node launcher: no ssh, no pdsh, no hostfile."""
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,9 @@ class LocalLauncher(SupervisingLauncher):
     def run(self, job: TrialJob) -> TrialResult:
         extra = {}
         if job.slot is not None and job.slot.pinned:  # a share of the cores: one thread per core each
-            extra["OMP_NUM_THREADS"] = job.env.get("OMP_NUM_THREADS",
-                                                   str(max(1, len(job.slot.devices) // job.num_gpus)))
+            extra["OMP_NUM_THREADS"] = job.env.get(
+                "OMP_NUM_THREADS", str(max(1, len(job.slot.devices) // job.num_gpus))
+            )
         d, env = self.prepare(job, extra)
         if job.warm:
             return self._run_warm(job, d, env)
@@ -61,24 +63,37 @@ class LocalLauncher(SupervisingLauncher):
             # Another process took the port between our check and the rendezvous: a fresh port,
             # not a failed configuration.
             os.replace(d / "launcher.log", d / f"launcher.attempt{attempt}.log")
-            write_atomic(d / "launcher.log", f"zerotune: the master port was in use (launcher.attempt{attempt}.log); "
-                                            f"retrying on another port, attempt {attempt + 1}\n")
+            write_atomic(
+                d / "launcher.log",
+                f"zerotune: the master port was in use (launcher.attempt{attempt}.log); "
+                f"retrying on another port, attempt {attempt + 1}\n",
+            )
             clear_rank_files(d)
         raise AssertionError("unreachable")
 
     def start(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> list[ProcessGroup]:
         slot = job.slot
-        gpus = list(slot.devices) if slot is not None and self.device == "cuda" else (
-            visible_gpus(job.num_gpus) if self.device == "cuda" else None)
+        gpus = (
+            list(slot.devices)
+            if slot is not None and self.device == "cuda"
+            else (visible_gpus(job.num_gpus) if self.device == "cuda" else None)
+        )
         argv = ranks_argv(job.program_launcher, job.num_gpus, port, gpus)
         ranks_see = [job.script] + (["--local_rank=<rank>"] if job.local_rank_arg else []) + job.script_args
         write_atomic(
             d / "cmd.txt",
             "# started as (the user's arguments are read from probe.json, never parsed by the launcher):\n"
-            + " ".join(shlex.quote(w) for w in [f"ZEROTUNE_PROBE={d / 'probe.json'}", *argv]) + "\n"
-            + "# each rank runs:\n" + " ".join(shlex.quote(w) for w in ranks_see) + "\n")
-        return [ProcessGroup(argv, env=env, log=d / "launcher.log",
-                             cores=slot.devices if slot is not None and slot.pinned else None)]
+            + " ".join(shlex.quote(w) for w in [f"ZEROTUNE_PROBE={d / 'probe.json'}", *argv])
+            + "\n"
+            + "# each rank runs:\n"
+            + " ".join(shlex.quote(w) for w in ranks_see)
+            + "\n",
+        )
+        return [
+            ProcessGroup(
+                argv, env=env, log=d / "launcher.log", cores=slot.devices if slot is not None and slot.pinned else None
+            )
+        ]
 
     def release(self, port: int) -> None:
         remove_shm_buffers(port)
@@ -99,10 +114,17 @@ class LocalLauncher(SupervisingLauncher):
             first = warm.seq == 0
             result, why = run_in_group(warm, job, d)
             result.wall_time += launched
-            result.start = ("cold (new warm processes; later trials reuse them)" if first
-                            else f"warm (trial {warm.seq} of its processes)")
-            if first and result.state is TrialState.CRASHED and port_in_use(d, job.num_gpus) \
-                    and attempt < PORT_ATTEMPTS:
+            result.start = (
+                "cold (new warm processes; later trials reuse them)"
+                if first
+                else f"warm (trial {warm.seq} of its processes)"
+            )
+            if (
+                first
+                and result.state is TrialState.CRASHED
+                and port_in_use(d, job.num_gpus)
+                and attempt < PORT_ATTEMPTS
+            ):
                 self.retire(key, "the master port was in use")
                 warm = None
                 clear_rank_files(d)
@@ -126,11 +148,14 @@ class LocalLauncher(SupervisingLauncher):
             if f.exists():
                 os.replace(f, d / "warm" / f.name)
         result = self._run_cold(job, d, env)
-        where = ("above" if (warm.max_peak or 0) > (job.budget or 0)
-                 else f"within {1 - NEAR_BUDGET:.0%} of")  # an OOM is measured again too
-        result.start = (f"cold: measured again in processes of its own, as its warm peak "
-                        f"{format_size(warm.max_peak)} was {where} the budget "
-                        f"{format_size(job.budget)} (a warm peak reads high; the warm run is in warm/)")
+        where = (
+            "above" if (warm.max_peak or 0) > (job.budget or 0) else f"within {1 - NEAR_BUDGET:.0%} of"
+        )  # an OOM is measured again too
+        result.start = (
+            f"cold: measured again in processes of its own, as its warm peak "
+            f"{format_size(warm.max_peak)} was {where} the budget "
+            f"{format_size(job.budget)} (a warm peak reads high; the warm run is in warm/)"
+        )
         result.wall_time += warm.wall_time
         return result
 
@@ -155,8 +180,11 @@ class LocalLauncher(SupervisingLauncher):
             pool.mkdir(parents=True, exist_ok=True)
         write_json(pool / "serve.json", {"mode": "serve", "pool": str(pool)})
         slot = job.slot
-        gpus = list(slot.devices) if slot is not None and self.device == "cuda" else (
-            visible_gpus(job.num_gpus) if self.device == "cuda" else None)
+        gpus = (
+            list(slot.devices)
+            if slot is not None and self.device == "cuda"
+            else (visible_gpus(job.num_gpus) if self.device == "cuda" else None)
+        )
         port = free_port()
         note_port(job.work_dir or d.parent, port)
         argv = ranks_argv(job.program_launcher, job.num_gpus, port, gpus)
@@ -164,11 +192,16 @@ class LocalLauncher(SupervisingLauncher):
             if self._spawner is None:
                 self._spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerotune-warm")
             spawner = self._spawner
-        group = spawner.submit(ProcessGroup, argv, env={**env, "ZEROTUNE_PROBE": str(pool / "serve.json")},
-                               log=pool / "launcher.log",
-                               cores=slot.devices if slot is not None and slot.pinned else None).result()
-        warm = WarmGroup(pool=pool, group=group, port=port, signature=sig, world=job.num_gpus,
-                         started_as=started_as_text(argv, pool))
+        group = spawner.submit(
+            ProcessGroup,
+            argv,
+            env={**env, "ZEROTUNE_PROBE": str(pool / "serve.json")},
+            log=pool / "launcher.log",
+            cores=slot.devices if slot is not None and slot.pinned else None,
+        ).result()
+        warm = WarmGroup(
+            pool=pool, group=group, port=port, signature=sig, world=job.num_gpus, started_as=started_as_text(argv, pool)
+        )
         with self._lock:
             self._running.add(group)
         self._warm[_slot_key(job)] = warm
@@ -195,8 +228,9 @@ class LocalLauncher(SupervisingLauncher):
         if spawner is not None:
             spawner.shutdown(wait=True)
 
-    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str],
-                    program: tuple[str, ...] = ()) -> int:
+    def run_program(
+        self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str], program: tuple[str, ...] = ()
+    ) -> int:
         env = trial_env(num_gpus, self.device, {**extra_env, "ZEROTUNE_PROBE": str(probe_spec.resolve())})
         port = free_port()
         gpus = visible_gpus(num_gpus) if self.device == "cuda" else None

@@ -6,6 +6,7 @@ runner's own transport, so ssh is needed only when more than one host is used. A
 an unreachable host is one clear error before any trial starts (``preflight``). The results folder
 must be on storage every node sees: each rank writes its result there.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,14 @@ from ._leftovers import RESULTS_ENV, TUNER_PID, remove_shm_buffers
 from ._process import FIGURE_ENV, ProcessGroup, free_port, trial_env
 from ._supervise import SupervisingLauncher
 
-RUNNER_TOOLS = {"pdsh": "pdsh", "openmpi": "mpirun", "mpich": "mpirun", "mvapich": "mpirun", "slurm": "srun",
-                "impi": "mpirun"}
+RUNNER_TOOLS = {
+    "pdsh": "pdsh",
+    "openmpi": "mpirun",
+    "mpich": "mpirun",
+    "mvapich": "mpirun",
+    "slurm": "srun",
+    "impi": "mpirun",
+}
 """DeepSpeed runner launchers and the program each needs on this machine."""
 LAUNCHERS = ("torchrun", *RUNNER_TOOLS)
 SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
@@ -47,36 +54,63 @@ class MultiNodeLauncher(SupervisingLauncher):
         if self.kind != "torchrun":
             tool = RUNNER_TOOLS[self.kind]
             if shutil.which(tool) is None:
-                raise LaunchError(f"--launcher {self.kind} needs {tool!r}, which is not installed here; install it, "
-                                  "or pass --launcher torchrun (needs only ssh)")
+                raise LaunchError(
+                    f"--launcher {self.kind} needs {tool!r}, which is not installed here; install it, "
+                    "or pass --launcher torchrun (needs only ssh)"
+                )
             return
         if remote and shutil.which("ssh") is None:
-            raise LaunchError(f"hosts {', '.join(h.name for h in remote)} are reached by ssh, which is not "
-                              "installed here; install openssh-client")
+            raise LaunchError(
+                f"hosts {', '.join(h.name for h in remote)} are reached by ssh, which is not "
+                "installed here; install openssh-client"
+            )
         for h in remote:
             try:
                 out = subprocess.run([*SSH, h.name, "true"], capture_output=True, text=True, timeout=30)
             except subprocess.TimeoutExpired:
-                raise LaunchError(f"host {h.name!r} did not answer ssh within 30 s; check the hostfile and the "
-                                  "network") from None
+                raise LaunchError(
+                    f"host {h.name!r} did not answer ssh within 30 s; check the hostfile and the network"
+                ) from None
             if out.returncode != 0:
-                raise LaunchError(f"cannot reach host {h.name!r} by ssh ({out.stderr.strip()[:200] or 'exit ' + str(out.returncode)}); "
-                                  "set up passwordless ssh to every host in the hostfile")
+                raise LaunchError(
+                    f"cannot reach host {h.name!r} by ssh ({out.stderr.strip()[:200] or 'exit ' + str(out.returncode)}); "
+                    "set up passwordless ssh to every host in the hostfile"
+                )
 
     # -- commands ------------------------------------------------------------------------------
     def torchrun_argv(self, num_gpus: int, node_rank: int, port: int) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(self.hosts)}",
-                f"--nproc-per-node={num_gpus}", f"--node-rank={node_rank}", f"--master-addr={self.master_addr}",
-                f"--master-port={port}", "-m", "zerotune.probe"]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={len(self.hosts)}",
+            f"--nproc-per-node={num_gpus}",
+            f"--node-rank={node_rank}",
+            f"--master-addr={self.master_addr}",
+            f"--master-port={port}",
+            "-m",
+            "zerotune.probe",
+        ]
 
     def runner_argv(self, hostfile: Path, port: int) -> list[str]:
         include = "@".join(f"{h.name}:{','.join(map(str, h.slots))}" for h in self.hosts)
-        return [sys.executable, "-m", "deepspeed.launcher.runner", f"--hostfile={hostfile}", f"--include={include}",
-                f"--launcher={self.kind}", f"--master_addr={self.master_addr}", f"--master_port={port}",
-                "--no_local_rank", "--module", "zerotune.probe"]
+        return [
+            sys.executable,
+            "-m",
+            "deepspeed.launcher.runner",
+            f"--hostfile={hostfile}",
+            f"--include={include}",
+            f"--launcher={self.kind}",
+            f"--master_addr={self.master_addr}",
+            f"--master_port={port}",
+            "--no_local_rank",
+            "--module",
+            "zerotune.probe",
+        ]
 
-    def _start(self, num_gpus: int, d: Path, env: dict[str, str], port: int, *,
-               logs: bool = True) -> list[ProcessGroup]:
+    def _start(
+        self, num_gpus: int, d: Path, env: dict[str, str], port: int, *, logs: bool = True
+    ) -> list[ProcessGroup]:
         """Every node's processes; ``logs`` False: their output goes to this terminal."""
         cmds: list[list[str]] = []
         groups = []
@@ -87,8 +121,14 @@ class MultiNodeLauncher(SupervisingLauncher):
                     host_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slots))
                 if not host.local:  # the remote shell gets the variables and the folder explicitly
                     exports = [f"{k}={host_env[k]}" for k in (*FORWARDED, "CUDA_VISIBLE_DEVICES") if k in host_env]
-                    argv = [*SSH, host.name, f"cd {shlex.quote(os.getcwd())} && env "
-                            + " ".join(shlex.quote(e) for e in exports) + " " + shlex.join(argv)]
+                    argv = [
+                        *SSH,
+                        host.name,
+                        f"cd {shlex.quote(os.getcwd())} && env "
+                        + " ".join(shlex.quote(e) for e in exports)
+                        + " "
+                        + shlex.join(argv),
+                    ]
                 cmds.append(argv)
                 groups.append(ProcessGroup(argv, env=host_env, log=d / f"launcher.node{i}.log" if logs else None))
         else:
@@ -97,14 +137,23 @@ class MultiNodeLauncher(SupervisingLauncher):
             (d / ".deepspeed_env").write_text("".join(f"{k}={env[k]}\n" for k in FORWARDED if k in env))
             argv = self.runner_argv(hostfile, port)
             cmds.append(argv)
-            groups.append(ProcessGroup(argv, env={**env, "DS_ENV_FILE": str(d / ".deepspeed_env")},
-                                       log=d / "launcher.log" if logs else None))
-        write_atomic(d / "cmd.txt", "# started as (the user's arguments are read from probe.json):\n"
-                     + "".join(shlex.join(c) + "\n" for c in cmds))
+            groups.append(
+                ProcessGroup(
+                    argv,
+                    env={**env, "DS_ENV_FILE": str(d / ".deepspeed_env")},
+                    log=d / "launcher.log" if logs else None,
+                )
+            )
+        write_atomic(
+            d / "cmd.txt",
+            "# started as (the user's arguments are read from probe.json):\n"
+            + "".join(shlex.join(c) + "\n" for c in cmds),
+        )
         return groups
 
-    def run_program(self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str],
-                    program: tuple[str, ...] = ()) -> int:
+    def run_program(
+        self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str], program: tuple[str, ...] = ()
+    ) -> int:
         assert not program, "a program's own launcher runs on one node (its target refuses several)"
         d = probe_spec.resolve().parent / "run"
         d.mkdir(exist_ok=True)
@@ -136,6 +185,11 @@ class MultiNodeLauncher(SupervisingLauncher):
     def finished(self, job: TrialJob, d: Path, groups: list[ProcessGroup]) -> None:
         if self.kind == "torchrun":  # one log for collect: each node's, in turn
             codes = [g.proc.returncode for g in groups]
-            write_atomic(d / "launcher.log", "".join(f"== node {i} ({h.name}), exit {codes[i]} ==\n"
-                                                    + (d / f"launcher.node{i}.log").read_text(errors="replace")
-                                                    for i, h in enumerate(self.hosts)))
+            write_atomic(
+                d / "launcher.log",
+                "".join(
+                    f"== node {i} ({h.name}), exit {codes[i]} ==\n"
+                    + (d / f"launcher.node{i}.log").read_text(errors="replace")
+                    for i, h in enumerate(self.hosts)
+                ),
+            )

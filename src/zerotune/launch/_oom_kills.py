@@ -6,6 +6,7 @@ cgroup v2 counts kills in ``memory.events`` (``oom_kill``), v1 in ``memory.oom_c
 count every kind of OOM kill (the cgroup's limit or the whole host's) against the victim's
 cgroup and its ancestors, and trial processes start in the tuner's cgroup.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

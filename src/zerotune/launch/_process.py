@@ -1,5 +1,6 @@
 """Processes of trials: their environment, DeepSpeed's per-node launcher command, a process group
 ended as one, heartbeats, ports and shared-memory buffers."""
+
 from __future__ import annotations
 
 import base64
@@ -61,8 +62,18 @@ def launcher_argv(num_gpus: int, port: int, devices: list[int] | None = None) ->
     The user's arguments are not here: the probe reads them from the trial folder."""
     ids = list(devices)[:num_gpus] if devices else list(range(num_gpus))
     world = base64.urlsafe_b64encode(json.dumps({"localhost": ids}).encode()).decode()
-    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
-            "--master_addr=127.0.0.1", f"--master_port={port}", "--no_local_rank", "--module", "zerotune.probe"]
+    return [
+        sys.executable,
+        "-u",
+        "-m",
+        "deepspeed.launcher.launch",
+        f"--world_info={world}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        "--no_local_rank",
+        "--module",
+        "zerotune.probe",
+    ]
 
 
 def ranks_argv(program: Sequence[str], num_gpus: int, port: int, devices: list[int] | None = None) -> list[str]:
@@ -79,8 +90,15 @@ class ProcessGroup:
     """A child started in its own session, so that it and everything it starts can be ended
     together with one killpg."""
 
-    def __init__(self, argv: list[str], *, env: dict[str, str], log: Path | None, cwd: str | None = None,
-                 cores: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        log: Path | None,
+        cwd: str | None = None,
+        cores: tuple[int, ...] | None = None,
+    ):
         """``log`` None: the child writes to this process's stdout and stderr. ``cores``: bind the
         child (and so everything it starts) to these CPU cores."""
         self._log = open(log, "ab") if log is not None else None
@@ -90,8 +108,16 @@ class ProcessGroup:
             if cores:
                 os.sched_setaffinity(0, cores)
 
-        self.proc = subprocess.Popen(argv, env=env, stdout=self._log, stderr=subprocess.STDOUT if log else None,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, cwd=cwd, preexec_fn=prepare)
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT if log else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=cwd,
+            preexec_fn=prepare,
+        )
 
     def kill(self, grace: float = 3.0) -> None:
         """End the group: SIGTERM, then SIGKILL after ``grace`` seconds. ``grace`` 0: SIGKILL at
@@ -134,7 +160,7 @@ def group_members(pgid: int, proc: Path = Path("/proc")) -> list[int]:
         except OSError:
             continue
         # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 2 and fields[0] not in ("Z", "X") and fields[2] == str(pgid):
             found.append(int(entry.name))
     return found
@@ -158,5 +184,7 @@ def stalled(trial_dir: Path, world: int, floor: float, now: float | None = None)
     idle = (time.time() if now is None else now) - max(b[0] for b in beats)
     if idle <= limit:
         return None
-    return (f"hung: no forward or optimizer step on any rank for {idle:.0f} s (limit {limit:.0f} s) after "
-            f"{max(b[1] for b in beats)} optimizer steps")
+    return (
+        f"hung: no forward or optimizer step on any rank for {idle:.0f} s (limit {limit:.0f} s) after "
+        f"{max(b[1] for b in beats)} optimizer steps"
+    )

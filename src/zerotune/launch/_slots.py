@@ -6,6 +6,7 @@ port. On CPU the default is one trial at a time, using every core, because that 
 will train: trials squeezed onto a share of the cores would rank configurations under a thread
 count the real run never uses. ``max_concurrent`` > 1 on CPU pins each trial to its own cores.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,10 +49,10 @@ def plan_slots(device: str, device_count: int, per_trial: int, max_concurrent: i
         gpus = visible_gpus(device_count)
         n = len(gpus) // per_trial
         n = max(1, min(n, max_concurrent or n))
-        return [Slot(i, tuple(gpus[i * per_trial:(i + 1) * per_trial])) for i in range(n)]
+        return [Slot(i, tuple(gpus[i * per_trial : (i + 1) * per_trial])) for i in range(n)]
     cores = cpu_cores()
     n = min(max_concurrent or 1, max(1, len(cores) // per_trial))
     if n == 1:
         return [Slot(0, tuple(cores))]
     share = len(cores) // n
-    return [Slot(i, tuple(cores[i * share:(i + 1) * share]), pinned=True) for i in range(n)]
+    return [Slot(i, tuple(cores[i * share : (i + 1) * share]), pinned=True) for i in range(n)]

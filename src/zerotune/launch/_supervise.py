@@ -1,5 +1,6 @@
 """What local and multi-node trials share: the trial folder made ready, the processes watched
 until they end, report, time out or hang, then ended and the outcome classified."""
+
 from __future__ import annotations
 
 import abc
@@ -58,10 +59,17 @@ class SupervisingLauncher(Launcher):
         with self._lock:
             if answer not in self._cpu_info:
                 self._cpu_info[answer] = cpu_info.prefetch(answer)
-        env = trial_env(job.num_gpus, self.device, {**job.env, **(extra_env or {}),
-                                                    "ZEROTUNE_PROBE": str(d / "probe.json"),
-                                                    **trial_env_marks(job.work_dir or d.parent),
-                                                    cpu_info.ENV: str(answer)})
+        env = trial_env(
+            job.num_gpus,
+            self.device,
+            {
+                **job.env,
+                **(extra_env or {}),
+                "ZEROTUNE_PROBE": str(d / "probe.json"),
+                **trial_env_marks(job.work_dir or d.parent),
+                cpu_info.ENV: str(answer),
+            },
+        )
         return d, env
 
     def attempt(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> TrialResult:
@@ -95,10 +103,20 @@ class SupervisingLauncher(Launcher):
             self.release(port)
         self.finished(job, d, groups)
         codes = [g.proc.returncode for g in groups]
-        return collect(spec=job.spec, trial_dir=d, world=world, returncode=next((c for c in codes if c), codes[0]),
-                       timed_out=timed_out, timeout=m.trial_timeout, wall_time=time.monotonic() - start,
-                       budget=job.budget, min_steps=job.min_steps, rel_ci=m.precision, hung=hung,
-                       oom_kills=oom_kills_since(kills_before))
+        return collect(
+            spec=job.spec,
+            trial_dir=d,
+            world=world,
+            returncode=next((c for c in codes if c), codes[0]),
+            timed_out=timed_out,
+            timeout=m.trial_timeout,
+            wall_time=time.monotonic() - start,
+            budget=job.budget,
+            min_steps=job.min_steps,
+            rel_ci=m.precision,
+            hung=hung,
+            oom_kills=oom_kills_since(kills_before),
+        )
 
     def close(self) -> None:
         with self._lock:

@@ -7,6 +7,7 @@ ends other than cleanly (OOM, crash, hang, timeout), when any rank's teardown or
 fails, when the next trial needs a different process signature (world size, devices,
 environment), or after ``cap`` trials. The result of the trial that retired it stands.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,9 +84,15 @@ def signature(job: TrialJob, env: dict[str, str]) -> str:
     that started them, environment (the tuner's own pid and the trial's probe path aside, which
     the ranks do not read)."""
     slot = job.slot
-    return json.dumps([job.num_gpus, list(slot.devices) if slot else None, bool(slot and slot.pinned),
-                       list(job.program_launcher),
-                       sorted((k, v) for k, v in env.items() if k not in ("ZEROTUNE_PROBE",))])
+    return json.dumps(
+        [
+            job.num_gpus,
+            list(slot.devices) if slot else None,
+            bool(slot and slot.pinned),
+            list(job.program_launcher),
+            sorted((k, v) for k, v in env.items() if k not in ("ZEROTUNE_PROBE",)),
+        ]
+    )
 
 
 def kind_of(config: dict[str, Any]) -> str:
@@ -105,8 +112,11 @@ def run_in_group(warm: WarmGroup, job: TrialJob, d: Path) -> tuple[TrialResult, 
     m = job.measure
     offset = warm.log_size()
     index = warm.seq + 1
-    write_atomic(d / "cmd.txt", f"# ran warm: trial {index} of the processes started as (their output between "
-                                f"trials is in {warm.pool}):\n{warm.started_as}")
+    write_atomic(
+        d / "cmd.txt",
+        f"# ran warm: trial {index} of the processes started as (their output between "
+        f"trials is in {warm.pool}):\n{warm.started_as}",
+    )
     write_atomic(d / "launcher.log", f"zerotune: trial {index} of the warm processes in {warm.pool}\n")
     start = time.monotonic()
     kills_before = oom_kill_count()
@@ -134,9 +144,20 @@ def run_in_group(warm: WarmGroup, job: TrialJob, d: Path) -> tuple[TrialResult, 
             f.write(warm.log_since(offset))
     for record in warm.pool.glob("rank*.exit"):  # how a rank died, as its waiter recorded it
         os.replace(record, d / record.name)
-    result = collect(spec=job.spec, trial_dir=d, world=warm.world, returncode=code, timed_out=timed_out,
-                     timeout=m.trial_timeout, wall_time=wall, budget=job.budget, min_steps=job.min_steps,
-                     rel_ci=m.precision, hung=hung, oom_kills=oom_kills_since(kills_before))
+    result = collect(
+        spec=job.spec,
+        trial_dir=d,
+        world=warm.world,
+        returncode=code,
+        timed_out=timed_out,
+        timeout=m.trial_timeout,
+        wall_time=wall,
+        budget=job.budget,
+        min_steps=job.min_steps,
+        rel_ci=m.precision,
+        hung=hung,
+        oom_kills=oom_kills_since(kills_before),
+    )
     why = next((x["why"] for x in done if x is not None and not x["clean"]), "")
     if not why and None in done:
         why = result.reason or ("the processes ended" if code is not None else "no rank finished its teardown")

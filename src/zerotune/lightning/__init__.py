@@ -1,5 +1,6 @@
 """zerotune's Lightning integration: ``Trainer(strategy="deepspeed_autotune")`` after
 ``import zerotune.lightning`` (importing registers the strategy name)."""
+
 from lightning.pytorch.strategies import StrategyRegistry
 
 from ._strategy import AutotuneDeepSpeedStrategy

@@ -4,6 +4,7 @@ The micro-batch lives where Lightning's BatchSizeFinder looks for it (a ``batch_
 the LightningModule, its hparams or the DataModule); accumulation is the Trainer's
 ``accumulate_grad_batches``. A config never carries ``gradient_accumulation_steps`` into Lightning.
 """
+
 from __future__ import annotations
 
 import copy
@@ -75,15 +76,21 @@ def describe(strategy, trainer, model, datamodule=None, train_dataloaders=None) 
     try:
         config = json.loads(json.dumps(strategy.config)) if is_ds and strategy.config else {}
     except TypeError as e:
-        raise ConfigError(f"the strategy's DeepSpeed config is not JSON ({e}); pass plain numbers, strings, "
-                          "lists and dicts") from None
-    job = LightningJob(strategy=type(strategy).__name__, deepspeed=is_ds, world_size=world,
-                       num_nodes=getattr(strategy, "num_nodes", 1),
-                       precision=str(getattr(strategy.precision_plugin, "precision", "32-true")),
-                       batch_size=int(batch_size) if isinstance(batch_size, int) else None,
-                       batch_size_attr=holders[-1][1] if holders else None,
-                       accumulate_grad_batches=int(trainer.accumulate_grad_batches), base_config=config,
-                       num_params=_num_params(model))
+        raise ConfigError(
+            f"the strategy's DeepSpeed config is not JSON ({e}); pass plain numbers, strings, lists and dicts"
+        ) from None
+    job = LightningJob(
+        strategy=type(strategy).__name__,
+        deepspeed=is_ds,
+        world_size=world,
+        num_nodes=getattr(strategy, "num_nodes", 1),
+        precision=str(getattr(strategy.precision_plugin, "precision", "32-true")),
+        batch_size=int(batch_size) if isinstance(batch_size, int) else None,
+        batch_size_attr=holders[-1][1] if holders else None,
+        accumulate_grad_batches=int(trainer.accumulate_grad_batches),
+        base_config=config,
+        num_params=_num_params(model),
+    )
     extras = getattr(strategy, "_describe_extras", None)
     if extras is not None:  # AutotuneDeepSpeedStrategy: its search space, cache and fingerprint
         extras(job, model)
@@ -93,12 +100,20 @@ def describe(strategy, trainer, model, datamodule=None, train_dataloaders=None) 
 def fingerprint(job: LightningJob, model, strategy) -> str:
     """Same model, processes, device, precision, global batch and search space: same result."""
     device, memory = _device_memory(strategy)
-    inputs = {"model": f"{type(model).__module__}.{type(model).__qualname__}",
-              "structure": hashlib.sha256(str(model).encode()).hexdigest(), "num_params": _num_params(model),
-              "world_size": job.world_size, "num_nodes": job.num_nodes, "device": device, "device_memory": memory,
-              "precision": job.precision, "global_batch": job.global_batch, "micro_batch_fixed":
-              job.batch_size if job.batch_size_attr is None else None,
-              "config": job.tuning_config(), "offload": job.offload}
+    inputs = {
+        "model": f"{type(model).__module__}.{type(model).__qualname__}",
+        "structure": hashlib.sha256(str(model).encode()).hexdigest(),
+        "num_params": _num_params(model),
+        "world_size": job.world_size,
+        "num_nodes": job.num_nodes,
+        "device": device,
+        "device_memory": memory,
+        "precision": job.precision,
+        "global_batch": job.global_batch,
+        "micro_batch_fixed": job.batch_size if job.batch_size_attr is None else None,
+        "config": job.tuning_config(),
+        "offload": job.offload,
+    }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

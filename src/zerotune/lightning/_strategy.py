@@ -9,6 +9,7 @@ CPU: Lightning's strategy refuses any accelerator but CUDA, requires device indi
 ranks, and hands DeepSpeed ``device_rank=None`` on CPU. Three small overrides lift exactly those
 checks; everything else (configs, precision, checkpoints, ZeRO-3 sharded init) is Lightning's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -54,22 +55,46 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
     strategy_name = "deepspeed_autotune"
 
     @checked
-    def __init__(self, *args: Any, autotune: bool = True, stages: Sequence[int] | None = None,
-                 offload: bool | None = None,
-                 metric: str = "throughput", global_batch: int | None = None, time_budget: float | str | None = None,
-                 max_trials: int | None = None, memory_per_device: int | str | None = None,
-                 trial_timeout: float | None = None, stall_timeout: float | None = None,
-                 precision: float | None = None, max_measure_seconds: float | None = None,
-                 cache_dir: str | Path | None = None, retune: bool = False, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        autotune: bool = True,
+        stages: Sequence[int] | None = None,
+        offload: bool | None = None,
+        metric: str = "throughput",
+        global_batch: int | None = None,
+        time_budget: float | str | None = None,
+        max_trials: int | None = None,
+        memory_per_device: int | str | None = None,
+        trial_timeout: float | None = None,
+        stall_timeout: float | None = None,
+        precision: float | None = None,
+        max_measure_seconds: float | None = None,
+        cache_dir: str | Path | None = None,
+        retune: bool = False,
+        **kwargs: Any,
+    ):
         user_config = kwargs.get("config") is not None or (self.DEEPSPEED_ENV_VAR in os.environ)
         super().__init__(*args, **kwargs)
         if stages is None and "stage" in kwargs and not user_config:
             stages = [kwargs["stage"]]
-        self.tuning = Tuning(autotune=autotune, stages=stages, offload=offload, metric=metric, global_batch=global_batch,
-                             time_budget=time_budget, max_trials=max_trials, memory_per_device=memory_per_device,
-                             trial_timeout=trial_timeout, stall_timeout=stall_timeout, precision=precision,
-                             max_measure_seconds=max_measure_seconds, cache_dir=cache_dir, retune=retune,
-                             user_config=user_config)
+        self.tuning = Tuning(
+            autotune=autotune,
+            stages=stages,
+            offload=offload,
+            metric=metric,
+            global_batch=global_batch,
+            time_budget=time_budget,
+            max_trials=max_trials,
+            memory_per_device=memory_per_device,
+            trial_timeout=trial_timeout,
+            stall_timeout=stall_timeout,
+            precision=precision,
+            max_measure_seconds=max_measure_seconds,
+            cache_dir=cache_dir,
+            retune=retune,
+            user_config=user_config,
+        )
         if user_config and is_tuned_config(self.config):  # e.g. zerotune's ds_config_optimal.json
             self.tuning.entry = {"best": "the given config", "config": copy.deepcopy(self.config)}
 
@@ -106,8 +131,15 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
             # only the cache. Every rank decides alike, so none waits for another in a collective.
             model = self.lightning_module
             trainer = model.trainer
-            self.tuning.resolve(self, trainer, model, trainer.datamodule, None, can_tune=False,
-                                required=trainer.state.fn == TrainerFn.FITTING)
+            self.tuning.resolve(
+                self,
+                trainer,
+                model,
+                trainer.datamodule,
+                None,
+                can_tune=False,
+                required=trainer.state.fn == TrainerFn.FITTING,
+            )
         if isinstance(self.accelerator, CPUAccelerator):
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
             DDPStrategy.setup_environment(self)  # skip only the "CUDA GPUs only" refusal
@@ -119,8 +151,9 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
             from ._describe import apply_tuned
 
             mb, gas = apply_tuned(self, trainer, self.tuning.entry["config"])
-            rank_zero_info(f"zerotune: training with {self.tuning.entry['best']} (batch_size={mb}, "
-                           f"accumulate_grad_batches={gas})")
+            rank_zero_info(
+                f"zerotune: training with {self.tuning.entry['best']} (batch_size={mb}, accumulate_grad_batches={gas})"
+            )
         super().setup(trainer)
 
     # -- CPU support ---------------------------------------------------------------------------
@@ -138,5 +171,6 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
 
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
-        strategy_registry.register(cls.strategy_name, cls,
-                                   description="DeepSpeed that tunes itself and also runs on CPU (zerotune)")
+        strategy_registry.register(
+            cls.strategy_name, cls, description="DeepSpeed that tunes itself and also runs on CPU (zerotune)"
+        )

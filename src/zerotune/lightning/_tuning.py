@@ -1,5 +1,6 @@
 """When and how AutotuneDeepSpeedStrategy tunes: cache lookup, trials, and the launcher hook
 that runs them before Lightning starts the other ranks."""
+
 from __future__ import annotations
 
 import os
@@ -49,8 +50,12 @@ class Tuning:
             raise ConfigError(f"global_batch must be a positive number of samples, not {self.global_batch}")
         from ..settings import MeasureSettings
 
-        MeasureSettings.of(trial_timeout=self.trial_timeout, stall_timeout=self.stall_timeout,  # checked now, not at fit
-                           precision=self.precision, max_seconds=self.max_measure_seconds)
+        MeasureSettings.of(
+            trial_timeout=self.trial_timeout,
+            stall_timeout=self.stall_timeout,  # checked now, not at fit
+            precision=self.precision,
+            max_seconds=self.max_measure_seconds,
+        )
 
     @staticmethod
     def in_trial() -> bool:
@@ -73,8 +78,9 @@ class Tuning:
             keys["tuner_num_trials"] = self.max_trials
         return keys
 
-    def resolve(self, strategy, trainer, model, datamodule, train_dataloaders, *, can_tune: bool,
-                required: bool) -> None:
+    def resolve(
+        self, strategy, trainer, model, datamodule, train_dataloaders, *, can_tune: bool, required: bool
+    ) -> None:
         """Find the config to train with: cached, or (``can_tune``) tuned now. ``required``: a
         miss is an error (fit); otherwise the strategy's own config is used (validate, test)."""
         from ._describe import describe
@@ -106,27 +112,44 @@ class Tuning:
         from ..tuner import Autotuner
 
         if job.batch_size is None:
-            raise ConfigError("deepspeed_autotune could not find the batch size to tune: give the LightningModule, "
-                              "its hparams or the DataModule a batch_size attribute and build the train DataLoader "
-                              "with it (as Lightning's BatchSizeFinder expects), or pass global_batch=...")
+            raise ConfigError(
+                "deepspeed_autotune could not find the batch size to tune: give the LightningModule, "
+                "its hparams or the DataModule a batch_size attribute and build the train DataLoader "
+                "with it (as Lightning's BatchSizeFinder expects), or pass global_batch=..."
+            )
         script = sys.argv[0] if sys.argv else ""
         if not script.endswith(".py") or not Path(script).is_file():
-            raise ConfigError("deepspeed_autotune tunes by re-running this program for each trial, which needs it "
-                              f"to be a .py script (here: {script!r}); run `python train.py`, or tune once with "
-                              "`zerotune tune train.py` and pass autotune=False here")
+            raise ConfigError(
+                "deepspeed_autotune tunes by re-running this program for each trial, which needs it "
+                f"to be a .py script (here: {script!r}); run `python train.py`, or tune once with "
+                "`zerotune tune train.py` and pass autotune=False here"
+            )
         printer = ProgressPrinter()
-        printer.console.print(f"[bold]zerotune:[/] tuning DeepSpeed for this model on {job.world_size} "
-                              f"process(es); results go to {escape(f'{job.cache_dir}/{job.fingerprint}')}")
+        printer.console.print(
+            f"[bold]zerotune:[/] tuning DeepSpeed for this model on {job.world_size} "
+            f"process(es); results go to {escape(f'{job.cache_dir}/{job.fingerprint}')}"
+        )
         if job.batch_size_attr is None:
-            printer.console.print(f"  [dim]micro-batch fixed at the DataLoader's {job.batch_size}: no batch_size "
-                                  "attribute to change it through[/]")
-        tuner = Autotuner([script, *sys.argv[1:]], ds_config=job.tuning_config(), num_gpus=job.world_size,
-                          lightning=job, results_dir=Path(job.cache_dir) / job.fingerprint,
-                          time_budget=self.time_budget, memory_per_device=self.memory_per_device,
-                          trial_timeout=self.trial_timeout, stall_timeout=self.stall_timeout,
-                          precision=self.precision, max_measure_seconds=self.max_measure_seconds,
-                          overwrite=True if self.retune else None, on_event=printer,
-                          offload=job.offload)
+            printer.console.print(
+                f"  [dim]micro-batch fixed at the DataLoader's {job.batch_size}: no batch_size "
+                "attribute to change it through[/]"
+            )
+        tuner = Autotuner(
+            [script, *sys.argv[1:]],
+            ds_config=job.tuning_config(),
+            num_gpus=job.world_size,
+            lightning=job,
+            results_dir=Path(job.cache_dir) / job.fingerprint,
+            time_budget=self.time_budget,
+            memory_per_device=self.memory_per_device,
+            trial_timeout=self.trial_timeout,
+            stall_timeout=self.stall_timeout,
+            precision=self.precision,
+            max_measure_seconds=self.max_measure_seconds,
+            overwrite=True if self.retune else None,
+            on_event=printer,
+            offload=job.offload,
+        )
         with printer.watch(tuner):
             result = tuner.tune()
         print_summary(result, printer.console)
@@ -134,11 +157,13 @@ class Tuning:
 
 def _not_cached_message(job: LightningJob) -> str:
     argv = " ".join(sys.argv) if sys.argv else "train.py"
-    return (f"deepspeed_autotune has no tuned config for this model and setup (fingerprint {job.fingerprint} in "
-            f"{job.cache_dir}), and these processes were started outside Lightning (torchrun, SLURM, mpirun), so "
-            "it cannot start trial processes of its own. Tune once on one node with "
-            f"`zerotune tune --num-gpus {job.world_size // max(1, job.num_nodes)} {argv}` or `python {argv}` "
-            "(both fill the cache), then start this job again; or pass autotune=False to train without tuning")
+    return (
+        f"deepspeed_autotune has no tuned config for this model and setup (fingerprint {job.fingerprint} in "
+        f"{job.cache_dir}), and these processes were started outside Lightning (torchrun, SLURM, mpirun), so "
+        "it cannot start trial processes of its own. Tune once on one node with "
+        f"`zerotune tune --num-gpus {job.world_size // max(1, job.num_nodes)} {argv}` or `python {argv}` "
+        "(both fill the cache), then start this job again; or pass autotune=False to train without tuning"
+    )
 
 
 class TuneFirstLauncher(_Launcher):

@@ -6,6 +6,7 @@ command line, so no launcher's argument parser ever sees (or abbreviates) them. 
 _warm), ``inspect`` (what a Lightning program asks for) and ``run`` (the real training; see _run for
 how it ends).
 """
+
 from __future__ import annotations
 
 import json

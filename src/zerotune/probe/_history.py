@@ -31,6 +31,7 @@ on to both stages' smaller micro-batches and the confirmation measured them agai
 6 re-measurements, where undisturbed runs took 5 and 1-3.
 Its step 1 warms up instead, so the warm-up rule judges step 2 against the steps after it.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,8 +54,9 @@ class ProcessHistory:
         """The ZeRO setups (see zero_setup) of the engines this process's trials ran."""
 
     @staticmethod
-    def flops_key(spec: dict[str, Any], sample_shape: tuple[int, ...], dtype: str, num_params: int,
-                  zero3: bool) -> tuple:
+    def flops_key(
+        spec: dict[str, Any], sample_shape: tuple[int, ...], dtype: str, num_params: int, zero3: bool
+    ) -> tuple:
         """What a forward's profiled cost per sample depends on: the program and its arguments (a
         value naming a file in the results folder, a trial's ds_config, read as the same), the
         model's size, one sample's shape and type, and whether ZeRO-3 runs the forward."""
@@ -67,8 +69,16 @@ class ProcessHistory:
             return "<results file>" if own + os.sep in text else text
 
         env = sorted((k, same(v)) for k, v in (spec.get("env") or {}).items())
-        return (spec["script"], tuple(same(a) for a in spec.get("args") or []), same(spec.get("lightning_config")),
-                tuple(env), tuple(sample_shape), dtype, num_params, zero3)
+        return (
+            spec["script"],
+            tuple(same(a) for a in spec.get("args") or []),
+            same(spec.get("lightning_config")),
+            tuple(env),
+            tuple(sample_shape),
+            dtype,
+            num_params,
+            zero3,
+        )
 
     def flops(self, key: tuple) -> tuple[float, int] | None:
         """(forward FLOPs per sample, the batch they were profiled at), or None if never profiled."""
@@ -98,6 +108,7 @@ class ProcessHistory:
 def zero_setup(engine: Any) -> tuple:
     """What a DeepSpeed engine's buffers and code paths depend on besides the batch: its ZeRO
     stage, and whether it offloads the optimizer states and the parameters."""
+
     def offloads(name: str) -> bool:
         method = getattr(engine, name, None)
         return callable(method) and method() is not None

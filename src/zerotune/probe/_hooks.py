@@ -1,4 +1,5 @@
 """Hooks on DeepSpeed's engine that time optimizer steps and stop the trial when measured."""
+
 from __future__ import annotations
 
 import math
@@ -63,8 +64,7 @@ class StepProbe:
     the process serves further trials, so the probe stops the script by raising
     :class:`TrialStop` rather than ending the process."""
 
-    def __init__(self, spec: dict[str, Any], rank: int, *, warm: bool = False,
-                 history: ProcessHistory | None = None):
+    def __init__(self, spec: dict[str, Any], rank: int, *, warm: bool = False, history: ProcessHistory | None = None):
         import torch
 
         self.torch = torch
@@ -122,8 +122,9 @@ class StepProbe:
         self.beat()
         if self.engine is None:
             self.engine = engine
-            self.memory = MemoryReader(engine.device.type if hasattr(engine.device, "type") else
-                                       str(engine.device).split(":")[0], self.torch)
+            self.memory = MemoryReader(
+                engine.device.type if hasattr(engine.device, "type") else str(engine.device).split(":")[0], self.torch
+            )
             self.static_memory = self.memory.current()
             if self.memory.kind != "cpu-rss":
                 self.ready = None  # each trial empties the device's cache: step 1 fills it again
@@ -134,14 +135,19 @@ class StepProbe:
                     self.tokens_per_sample = int(tensor.shape[1])
                 if self.history is not None:
                     self._flops_key = ProcessHistory.flops_key(
-                        self.spec, tuple(tensor.shape[1:]), str(tensor.dtype), count_params(engine),
-                        zero3=engine.zero_optimization_stage() == 3)
+                        self.spec,
+                        tuple(tensor.shape[1:]),
+                        str(tensor.dtype),
+                        count_params(engine),
+                        zero3=engine.zero_optimization_stage() == 3,
+                    )
             self._carry_flops()
         # Profile one forward during warm-up (the second optimizer step when there are two fixed
         # warm-up steps, else the first, which is then warm-up), never in a timed step.
         first = 0 if self.spec.get("adaptive_warmup") else min(1, self.spec["warmup_steps"] - 1)
-        profile = (self.spec.get("profile_flops", True) and self.flops_note == "not profiled"
-                   and len(self.times) == first)
+        profile = (
+            self.spec.get("profile_flops", True) and self.flops_note == "not profiled" and len(self.times) == first
+        )
         if profile:
             self.ready = None  # a profiled step is never timed: step 1 warms up (see marks)
         return profile
@@ -149,16 +155,22 @@ class StepProbe:
     def _carry_flops(self) -> None:
         """Take this program's forward FLOPs from an earlier trial of this process where it has
         them (see ProcessHistory), so that step 1 runs unprofiled and may be timed."""
-        if self._flops_key is None or self.history is None or not self.spec.get("profile_flops", True) \
-                or not self.spec.get("adaptive_warmup"):
+        if (
+            self._flops_key is None
+            or self.history is None
+            or not self.spec.get("profile_flops", True)
+            or not self.spec.get("adaptive_warmup")
+        ):
             return
         known = self.history.flops(self._flops_key)
         if known is None or not self.observed_batch:
             return
         per_sample, batch = known
         self.fwd_flops = per_sample * self.observed_batch
-        self.flops_note = (f"3 x forward FLOPs from DeepSpeed's flops profiler, per sample as an earlier trial "
-                           f"in these processes profiled them (batch {batch})")
+        self.flops_note = (
+            f"3 x forward FLOPs from DeepSpeed's flops profiler, per sample as an earlier trial "
+            f"in these processes profiled them (batch {batch})"
+        )
 
     def profiled(self, fwd_flops: float) -> None:
         """The flops profiler's count of this trial's profiled forward."""
@@ -193,8 +205,12 @@ class StepProbe:
         self.beat()
         if len(self.times) == 1:
             self._check_config(engine)
-            if self.ready is not None and self.history is not None and self.memory is not None \
-                    and (self.history.grew(self.memory.peak()) or self.history.new_setup(zero_setup(engine))):
+            if (
+                self.ready is not None
+                and self.history is not None
+                and self.memory is not None
+                and (self.history.grew(self.memory.peak()) or self.history.new_setup(zero_setup(engine)))
+            ):
                 self.ready = None  # it paid for memory, or a ZeRO setup, no earlier trial had (see ProcessHistory)
         over_budget = self._over_budget()
         stop = self.rank == 0 and self._measured_enough()
@@ -205,9 +221,12 @@ class StepProbe:
         if any_over:
             from ..units import format_size
 
-            self.finish("oom", f"peak memory {format_size(self.memory.peak())} above the budget of "
-                               f"{format_size(self.spec['budget'])}" if over_budget
-                        else "another rank went above the memory budget")
+            self.finish(
+                "oom",
+                f"peak memory {format_size(self.memory.peak())} above the budget of {format_size(self.spec['budget'])}"
+                if over_budget
+                else "another rank went above the memory budget",
+            )
         if stop:
             self.finish("ok", "")
 
@@ -294,8 +313,9 @@ class StepProbe:
     def _stable(self, iv: list[float]) -> bool:
         if not self.from_micro_steps():
             return is_stable(self.timed().kept, min_steps=self.fewest_steps(), rel_ci=self.spec["rel_ci"])
-        return estimate_is_stable(self.estimate(), whole_steps=len(iv), min_steps=self.fewest_steps(),
-                                  rel_ci=self.spec["rel_ci"])
+        return estimate_is_stable(
+            self.estimate(), whole_steps=len(iv), min_steps=self.fewest_steps(), rel_ci=self.spec["rel_ci"]
+        )
 
     def _measured_enough(self) -> bool:
         iv = self.intervals()
@@ -306,8 +326,7 @@ class StepProbe:
         elif self._cannot_win(iv):
             self.early_stop = done = True
         else:
-            done = len(iv) >= self.spec["max_steps"] or (len(iv) >= self.fewest_steps()
-                                                         and self._at_cap(measuring))
+            done = len(iv) >= self.spec["max_steps"] or (len(iv) >= self.fewest_steps() and self._at_cap(measuring))
             if not done and self._tied(iv, measuring):
                 self.tied = done = True
         settle = self.spec.get("settle")
@@ -338,8 +357,13 @@ class StepProbe:
         and later trials are stopped early or tied against its figure. Asked only from the
         fewest steps a trial may settle on; a re-measurement's comparison is settle's."""
         target = self.spec.get("to_beat")
-        if (not target or self.spec.get("settle") or self.engine is None or len(iv) < self.fewest_steps()
-                or target["metric"] not in ("throughput", "latency")):
+        if (
+            not target
+            or self.spec.get("settle")
+            or self.engine is None
+            or len(iv) < self.fewest_steps()
+            or target["metric"] not in ("throughput", "latency")
+        ):
             return False
         mean, _, ci = self.estimate()
         if not (math.isfinite(ci) and mean > 0 and target["value"] > 0):
@@ -395,8 +419,10 @@ class StepProbe:
         per, lead = self._per_and_lead(target)
         se = ci / two * math.sqrt((df + 1) / (df + 1 + more))
         lead_df = target.get("df")
-        return slower_beyond((mean / per, se / per, df + more),
-                             (lead, lead * (target.get("rel_se") or 0.0), math.inf if lead_df is None else lead_df))
+        return slower_beyond(
+            (mean / per, se / per, df + more),
+            (lead, lead * (target.get("rel_se") or 0.0), math.inf if lead_df is None else lead_df),
+        )
 
     def _over_budget(self) -> bool:
         budget = self.spec.get("budget")
@@ -410,16 +436,25 @@ class StepProbe:
 
     def _check_config(self, engine) -> None:
         expect = self.spec.get("expect") or {}
-        got = {"stage": engine.zero_optimization_stage(), "micro_batch": engine.train_micro_batch_size_per_gpu(),
-               "grad_accum": engine.gradient_accumulation_steps()}
+        got = {
+            "stage": engine.zero_optimization_stage(),
+            "micro_batch": engine.train_micro_batch_size_per_gpu(),
+            "grad_accum": engine.gradient_accumulation_steps(),
+        }
         wrong = {k: (v, got[k]) for k, v in expect.items() if k in got and got[k] != v}
         if wrong:
             detail = ", ".join(f"{k} {g} instead of {e}" for k, (e, g) in wrong.items())
-            self.finish("crashed", f"the script did not use the trial's ds_config ({detail}); pass the "
-                                   "--deepspeed_config value through to deepspeed.initialize", code=4)
+            self.finish(
+                "crashed",
+                f"the script did not use the trial's ds_config ({detail}); pass the "
+                "--deepspeed_config value through to deepspeed.initialize",
+                code=4,
+            )
         if self.observed_batch is not None and self.observed_batch != got["micro_batch"]:
-            self.batch_note = (f"the first forward saw batch {self.observed_batch}, not the micro-batch "
-                               f"{got['micro_batch']}; build the DataLoader with engine.train_micro_batch_size_per_gpu()")
+            self.batch_note = (
+                f"the first forward saw batch {self.observed_batch}, not the micro-batch "
+                f"{got['micro_batch']}; build the DataLoader with engine.train_micro_batch_size_per_gpu()"
+            )
 
     # -- results -----------------------------------------------------------------------------
     def report(self, state: str, reason: str) -> dict[str, Any]:
@@ -431,10 +466,16 @@ class StepProbe:
             samples_per_step = engine.train_batch_size()
             gas = engine.gradient_accumulation_steps()
         return {
-            "rank": self.rank, "state": state, "reason": reason, "early_stop": self.early_stop, "tied": self.tied,
+            "rank": self.rank,
+            "state": state,
+            "reason": reason,
+            "early_stop": self.early_stop,
+            "tied": self.tied,
             # The best trial's figure it was shown unable to beat (see _cannot_win).
             "lost_to": self.spec["to_beat"] if self.early_stop else None,
-            "times": self.times, "intervals": self.intervals(), "warmup_steps": self.warmup(),
+            "times": self.times,
+            "intervals": self.intervals(),
+            "warmup_steps": self.warmup(),
             # Where step 1 was timed from (see marks); None where it was warm-up.
             "first_step_from": self.ready,
             # Minor page faults of each optimizer step (the first from the build where it is timed).
@@ -449,14 +490,19 @@ class StepProbe:
             # the estimate comes from them (whole steps are split again from "intervals").
             "left_out": self.timed().left_out if self.intervals() and self.from_micro_steps() else [],
             "left_out_median": self.timed().median if self.intervals() and self.from_micro_steps() else None,
-            "samples_per_step": samples_per_step, "tokens_per_sample": self.tokens_per_sample,
-            "observed_batch": self.observed_batch, "note": self.batch_note,
-            "fwd_flops": self.fwd_flops, "flops_per_step": None if self.fwd_flops is None or engine is None
-            else 3.0 * self.fwd_flops * gas, "flops_note": self.flops_note,
-            "static_memory": self.static_memory, "memory_kind": self.memory.kind if self.memory else None,
+            "samples_per_step": samples_per_step,
+            "tokens_per_sample": self.tokens_per_sample,
+            "observed_batch": self.observed_batch,
+            "note": self.batch_note,
+            "fwd_flops": self.fwd_flops,
+            "flops_per_step": None if self.fwd_flops is None or engine is None else 3.0 * self.fwd_flops * gas,
+            "flops_note": self.flops_note,
+            "static_memory": self.static_memory,
+            "memory_kind": self.memory.kind if self.memory else None,
             "peak_memory": self.memory.peak() if self.memory else None,
             "peak_allocated": self.memory.peak_allocated() if self.memory else None,
-            "num_params": num_params, "elapsed": time.perf_counter() - self.start,
+            "num_params": num_params,
+            "elapsed": time.perf_counter() - self.start,
         }
 
     def write(self, state: str, reason: str, code: int = 0) -> None:

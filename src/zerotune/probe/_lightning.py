@@ -5,6 +5,7 @@ strategy's config) and ends the process before anything starts.
 measure / run: any DeepSpeedStrategy (Lightning's or zerotune's) trains with the trial's config,
 its micro-batch and accumulation set the way the Trainer sets them.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,10 @@ def install_trial(config_path: str, probe=None) -> None:
         started = int(os.environ.get("WORLD_SIZE", "1"))
         asked = len(self.parallel_devices or [None]) * self.num_nodes
         if asked != started:  # else Lightning would wait forever for processes that never come
-            message = (f"the Trainer asks for {asked} processes (devices x num_nodes) but zerotune started "
-                       f"{started}; pass --num-gpus {asked} or change the Trainer's devices")
+            message = (
+                f"the Trainer asks for {asked} processes (devices x num_nodes) but zerotune started "
+                f"{started}; pass --num-gpus {asked} or change the Trainer's devices"
+            )
             if probe is not None:
                 probe.finish("crashed", message, code=4)
             sys.exit(f"zerotune: {message}")

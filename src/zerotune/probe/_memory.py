@@ -1,4 +1,5 @@
 """Per-process memory readings: device memory on CUDA, resident set size on CPU."""
+
 from __future__ import annotations
 
 import os
@@ -55,7 +56,8 @@ def is_oom_error(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, (RuntimeError, MemoryError)) and (
-        "out of memory" in text.lower() or isinstance(exc, MemoryError))
+        "out of memory" in text.lower() or isinstance(exc, MemoryError)
+    )
 
 
 def reset_peak(torch_module) -> bool:

@@ -8,6 +8,7 @@ default process group destroyed while the interpreter is whole, then what the te
 have done that a user can see (non-daemon threads joined, atexit hooks run, open files
 flushed), then ``os._exit``. A script that failed is left to end as it would have.
 """
+
 from __future__ import annotations
 
 import atexit

@@ -8,6 +8,7 @@ folder, signal handlers, logging, and register atexit hooks. :class:`TrialSandbo
 of that before a trial and restores it after, and clears DeepSpeed's module-level caches that
 keep an engine alive (see shared/warm-trials.md for what was measured).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -27,8 +28,15 @@ def _patch_points() -> list[Any]:
     DeepSpeed strategy and Trainer (the probe's Lightning hooks) where Lightning is loaded."""
     import torch
 
-    points: list[Any] = [torch, torch.nn.functional, torch.Tensor, torch.nn.Module, torch.nn.Linear,
-                         torch.nn.Embedding, torch.distributed]
+    points: list[Any] = [
+        torch,
+        torch.nn.functional,
+        torch.Tensor,
+        torch.nn.Module,
+        torch.nn.Linear,
+        torch.nn.Embedding,
+        torch.distributed,
+    ]
     from deepspeed.runtime.engine import DeepSpeedEngine
 
     points.append(DeepSpeedEngine)
@@ -51,7 +59,7 @@ def clear_deepspeed_caches() -> list[str]:
         cleared.append("FWD_MODULE_STACK")
     coordinator = sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator")
     cls = getattr(coordinator, "PartitionedParameterCoordinator", None)
-    for name, fn in (vars(cls).items() if cls is not None else ()):
+    for name, fn in vars(cls).items() if cls is not None else ():
         if (cache := lru_cache_in(fn)) is not None:
             cache.cache_clear()
             cleared.append(name)
@@ -84,8 +92,9 @@ def lru_cache_in(fn: Any, depth: int = 3) -> Any:
         return fn
     if depth == 0 or not callable(fn):
         return None
-    inner = [getattr(fn, "__wrapped__", None)] + [c.cell_contents for c in (getattr(fn, "__closure__", None) or ())
-                                                   if callable(getattr(c, "cell_contents", None))]
+    inner = [getattr(fn, "__wrapped__", None)] + [
+        c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if callable(getattr(c, "cell_contents", None))
+    ]
     return next((found for f in inner if f is not None and (found := lru_cache_in(f, depth - 1)) is not None), None)
 
 
@@ -105,8 +114,12 @@ class TrialSandbox:
         import torch.distributed as dist
 
         self._saved = {
-            "argv": list(sys.argv), "path": list(sys.path), "environ": dict(os.environ), "cwd": os.getcwd(),
-            "modules": set(sys.modules), "signals": {s: signal.getsignal(s) for s in _SIGNALS},
+            "argv": list(sys.argv),
+            "path": list(sys.path),
+            "environ": dict(os.environ),
+            "cwd": os.getcwd(),
+            "modules": set(sys.modules),
+            "signals": {s: signal.getsignal(s) for s in _SIGNALS},
             "handlers": {name: list(logging.getLogger(name).handlers) for name in ("", "DeepSpeed")},
             "root_level": logging.getLogger().level,
             "points": [(obj, dict(vars(obj))) for obj in _patch_points()],

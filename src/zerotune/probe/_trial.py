@@ -1,5 +1,6 @@
 """One measured trial inside a rank process: the user's script run with the probe's hooks, and
 how it ended. A cold process then exits; a warm one (see _warm) goes on to the next trial."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,9 @@ def run_script(spec: dict[str, Any], local_rank: int) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-def run_measured(spec: dict[str, Any], rank: int, local_rank: int, *, warm: bool = False,
-                 history: ProcessHistory | None = None) -> tuple[StepProbe, str]:
+def run_measured(
+    spec: dict[str, Any], rank: int, local_rank: int, *, warm: bool = False, history: ProcessHistory | None = None
+) -> tuple[StepProbe, str]:
     """Runs one measured trial. Cold: the process ends here, with the trial. Warm: returns the
     probe and "" when the script ended cleanly (the probe stopped it, or it ended on its own),
     else why this process must not serve another trial (its result is written either way).
@@ -55,8 +57,11 @@ def run_measured(spec: dict[str, Any], rank: int, local_rank: int, *, warm: bool
     except SystemExit as e:
         if e.code not in (0, None):
             # sys.exit("message") prints the message and exits with status 1.
-            why = (f"the script exited with status {e.code}" if isinstance(e.code, int)
-                   else f"the script exited with status 1 and the message {str(e.code)[:300]!r}")
+            why = (
+                f"the script exited with status {e.code}"
+                if isinstance(e.code, int)
+                else f"the script exited with status 1 and the message {str(e.code)[:300]!r}"
+            )
             return probe, _failed(probe, "crashed", why, e.code if isinstance(e.code, int) else 1)
     except BaseException as e:
         from ._memory import is_oom_error
@@ -68,12 +73,18 @@ def run_measured(spec: dict[str, Any], rank: int, local_rank: int, *, warm: bool
         line = (traceback.format_exception_only(type(e), e)[-1].strip())[:500]
         return probe, _failed(probe, state, line, 3 if state == "oom" else 1)
     if probe.finished is not None:
-        return probe, ("the script caught zerotune's stop (except BaseException) and ran on to its end; "
-                       "its result stands")
+        return probe, (
+            "the script caught zerotune's stop (except BaseException) and ran on to its end; its result stands"
+        )
     if probe.engine is None and not spec.get("lightning_config"):
-        return probe, _failed(probe, "crashed", "the script ended without calling deepspeed.initialize, so there "
-                              "was no training to measure; check that it trains with the ds_config it is given "
-                              "(--deepspeed_config) and does not stop before its training loop", 1)
+        return probe, _failed(
+            probe,
+            "crashed",
+            "the script ended without calling deepspeed.initialize, so there "
+            "was no training to measure; check that it trains with the ds_config it is given "
+            "(--deepspeed_config) and does not stop before its training loop",
+            1,
+        )
     # The script ended on its own before the estimate was stable: keep what was measured.
     probe.write("ok", "the script finished before the measurement was stable")
     if not warm:

@@ -7,6 +7,7 @@ imported): the waiter forwards the signals it is sent, and where its child dies 
 writes ``rank<N>.exit`` ("signal 9") beside the rank's other files, then ends by the same signal,
 so that the launcher sees what it would have seen without it.
 """
+
 from __future__ import annotations
 
 import os

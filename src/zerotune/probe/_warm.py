@@ -5,6 +5,7 @@ whose trial did not end cleanly, or whose checks failed, exits instead of waitin
 order: the tuner sees that in its done file and retires the whole group. Ranks never agree over
 a collective between trials; the tuner, reading every rank's done file, is the arbiter.
 """
+
 from __future__ import annotations
 
 import gc
@@ -42,8 +43,11 @@ def process_counts() -> dict[str, int]:
                 continue
             fields = stat.rsplit(")", 1)[-1].split()
             children += len(fields) > 1 and fields[1] == me and fields[0] != "Z"
-    return {"threads": len(os.listdir("/proc/self/task")), "fds": len(os.listdir("/proc/self/fd")),
-            "children": children}
+    return {
+        "threads": len(os.listdir("/proc/self/task")),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "children": children,
+    }
 
 
 class LeakCheck:
@@ -67,15 +71,16 @@ class LeakCheck:
         return ""
 
     def check(self, kind: str, counts: dict[str, int]) -> str:
-        grown = {k: (self.baseline[k], v) for k, v in counts.items()
-                 if k in self.baseline and v > self.baseline[k]}
+        grown = {k: (self.baseline[k], v) for k, v in counts.items() if k in self.baseline and v > self.baseline[k]}
         first = kind not in self.kinds
         self.kinds.add(kind)
         if counts.get("children"):
             return f"the script left {counts['children']} child process(es) running (DataLoader workers?)"
         if grown and not first:
-            return "; ".join(f"{k} grew from {a} to {b}" for k, (a, b) in grown.items()) + \
-                   f" after a trial of a kind already run ({kind})"
+            return (
+                "; ".join(f"{k} grew from {a} to {b}" for k, (a, b) in grown.items())
+                + f" after a trial of a kind already run ({kind})"
+            )
         for k, v in counts.items():
             self.baseline[k] = max(v, self.baseline.get(k, v))
         return ""
@@ -96,11 +101,17 @@ def teardown(probe, sandbox: TrialSandbox) -> tuple[str, dict[str, Any]]:
     for _ in range(3):
         if gc.collect() == 0 or all(ref() is None for ref in alive):
             break
-    info: dict[str, Any] = {"restored": restored, "cleared": cleared,
-                            "atexit_hooks": len(sandbox.atexit_hooks), "destroyed_group": sandbox.destroyed_group}
+    info: dict[str, Any] = {
+        "restored": restored,
+        "cleared": cleared,
+        "atexit_hooks": len(sandbox.atexit_hooks),
+        "destroyed_group": sandbox.destroyed_group,
+    }
     if any(ref() is not None for ref in alive):
-        print("zerotune: still alive after teardown, held from: " + holders(next(r() for r in alive if r())),
-              file=sys.stderr)
+        print(
+            "zerotune: still alive after teardown, held from: " + holders(next(r() for r in alive if r())),
+            file=sys.stderr,
+        )
         return "a DeepSpeed engine of the trial is still alive after teardown", info
     import torch.distributed as dist
 
@@ -136,9 +147,17 @@ def holders(obj: Any, limit: int = 200) -> str:
                 chain, at = [], id(ref)
                 while at is not None:
                     o, at = parent[at]
-                    chain.append(roots.get(id(o)) or type(o).__name__ + (
-                        f" {getattr(o, '__qualname__', '')}" if callable(o) else
-                        f" keys {','.join(map(str, list(o)[:6]))}" if isinstance(o, dict) else ""))
+                    chain.append(
+                        roots.get(id(o))
+                        or type(o).__name__
+                        + (
+                            f" {getattr(o, '__qualname__', '')}"
+                            if callable(o)
+                            else f" keys {','.join(map(str, list(o)[:6]))}"
+                            if isinstance(o, dict)
+                            else ""
+                        )
+                    )
                 return " -> ".join(c[:120] for c in chain)
             frontier.append(ref)
     return f"no module or class found within {seen} referrers (a cycle that gc should free)"
@@ -190,9 +209,19 @@ def serve(pool: Path, rank: int, local_rank: int) -> None:
         if not why and not resettable:
             why = "the peak memory reading cannot be reset in this process (/proc/self/clear_refs)"
         redirect(pool, f"rank{rank}")
-        write_json(pool / f"done{seq}.rank{rank}.json",
-                   {"clean": not why, "why": why, "trial_s": ended - started, "teardown_s": time.monotonic() - ended,
-                    "rss": current_rss(), "device_in_use": used, **counts, **info})
+        write_json(
+            pool / f"done{seq}.rank{rank}.json",
+            {
+                "clean": not why,
+                "why": why,
+                "trial_s": ended - started,
+                "teardown_s": time.monotonic() - ended,
+                "rss": current_rss(),
+                "device_in_use": used,
+                **counts,
+                **info,
+            },
+        )
         if why:
             # A failed trial exits non-zero, so that DeepSpeed's launcher ends ranks left waiting
             # in a collective at once; a leak alone retires the process quietly.

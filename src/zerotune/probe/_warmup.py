@@ -1,4 +1,5 @@
 """When a trial's warm-up ends: when its step times have settled."""
+
 from __future__ import annotations
 
 import statistics
@@ -15,6 +16,8 @@ so that one noisy step does not keep a settled job warming up: at 6-10% step noi
 two consecutive steps (within 15%, the second not 5% faster) ran z2_mb32_gas1's steps 3.29,
 2.80, 2.44, 3.08, 2.81 s all as warm-up in run 31-2, 14 s of a trial then stopped early after two
 timed steps."""
+
+
 def settled_at(times: list[float], limit: int = MEASURE_DEFAULTS.max_warmup_steps) -> int | None:
     """Adaptive warm-up: how many of ``times`` come before the first timed step's end, given when
     each step ended (and, where step 1 may be timed, first when it began; see
@@ -29,7 +32,7 @@ def settled_at(times: list[float], limit: int = MEASURE_DEFAULTS.max_warmup_step
     trials 3-4 s each (README, runs at stop 41)."""
     durations = [b - a for a, b in zip(times, times[1:])]
     for i in range(len(durations) - 1):
-        if durations[i] * (1 - WARMING) <= statistics.median(durations[i + 1:]):
+        if durations[i] * (1 - WARMING) <= statistics.median(durations[i + 1 :]):
             return i + 1
         if i + 1 >= limit:
             return limit

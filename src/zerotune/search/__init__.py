@@ -1,4 +1,5 @@
 """Searchers behind one small interface: ``suggest()`` and ``observe(result)``; stopping rules apart."""
+
 from ._base import Searcher, Suggestion
 from ._microbatch import MicroBatchSearch
 from ._model_based import ModelBasedSearch
@@ -8,5 +9,14 @@ from ._stopping import EarlyStopping
 SEARCHERS = {"gridsearch": GridSearch, "random": RandomSearch, "model_based": ModelBasedSearch}
 """``autotuning.tuner_type`` -> the searcher over a knob space."""
 
-__all__ = ["SEARCHERS", "EarlyStopping", "GridSearch", "MicroBatchSearch", "ModelBasedSearch", "RandomSearch",
-           "Searcher", "SpaceSearch", "Suggestion"]
+__all__ = [
+    "SEARCHERS",
+    "EarlyStopping",
+    "GridSearch",
+    "MicroBatchSearch",
+    "ModelBasedSearch",
+    "RandomSearch",
+    "Searcher",
+    "SpaceSearch",
+    "Suggestion",
+]

@@ -1,4 +1,5 @@
 """The searcher interface: what to try next, and what was learned."""
+
 from __future__ import annotations
 
 import abc

@@ -5,6 +5,7 @@ fit predicts instead of doubling or bisecting. Phase 2: measure smaller micro-ba
 stages that can still win, down to ``num_tuning_micro_batch_sizes`` per stage, stopping as soon
 as a smaller one is clearly slower.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,10 +34,21 @@ that one (run 30-2 measured stage 1 at 16 and 8 after stage 0's 16 had won: one 
 
 
 class MicroBatchSearch(Searcher):
-    def __init__(self, *, stages: list[int], candidates: list[int], global_batch: int | None, dp: int,
-                 grad_accum: int, budget: int | None, metric: str, num_micro_batches: int,
-                 memory: MemoryModel, prune: dict[int, str] | None = None,
-                 overrides: dict[int, tuple] | None = None):
+    def __init__(
+        self,
+        *,
+        stages: list[int],
+        candidates: list[int],
+        global_batch: int | None,
+        dp: int,
+        grad_accum: int,
+        budget: int | None,
+        metric: str,
+        num_micro_batches: int,
+        memory: MemoryModel,
+        prune: dict[int, str] | None = None,
+        overrides: dict[int, tuple] | None = None,
+    ):
         """``overrides``: per stage, ds_config overrides every trial of that stage carries
         (offload settings, for example)."""
         assert candidates, "candidates must be validated by the caller"
@@ -91,8 +103,9 @@ class MicroBatchSearch(Searcher):
             del self._issued[stage]
             self._step(stage, result)
             return
-        assert self._compare_issued is not None and self._compare_issued.spec == result.spec, \
+        assert self._compare_issued is not None and self._compare_issued.spec == result.spec, (
             "observe a suggested trial"
+        )
         self._compare_issued = None
         try:
             self._compare_next = self._compare.send(result)
@@ -143,8 +156,10 @@ class MicroBatchSearch(Searcher):
         ground (its largest micro-batch no larger than an earlier stage's)."""
         if stage != 3 or self._largest.get(2) != self.candidates[-1]:
             return None
-        return (f"stage 2 fits the largest micro-batch ({self.candidates[-1]}), and stage 3 adds gathering the "
-                "parameters to the same work, so it cannot be faster")
+        return (
+            f"stage 2 fits the largest micro-batch ({self.candidates[-1]}), and stage 3 adds gathering the "
+            "parameters to the same work, so it cannot be faster"
+        )
 
     def _cannot_fit(self, stage: int) -> str | None:
         """Why a stage without trials cannot fit even its smallest micro-batch, or None: its
@@ -169,8 +184,10 @@ class MicroBatchSearch(Searcher):
         if floor is None or floor[0] <= self.budget:
             return None
         need, at = floor
-        return (f"needs at least {format_size(need)} > budget {format_size(self.budget)}, by "
-                f"{self.spec(stage, at.micro_batch).name}, which held {format_size(at.peak)} when it ran out")
+        return (
+            f"needs at least {format_size(need)} > budget {format_size(self.budget)}, by "
+            f"{self.spec(stage, at.micro_batch).name}, which held {format_size(at.peak)} when it ran out"
+        )
 
     def _first_guess(self, stage: int) -> int:
         fit = self.memory.fit(stage)
@@ -199,11 +216,14 @@ class MicroBatchSearch(Searcher):
                 oom_min = min(oom_min or mb, mb)
                 failed = result
             else:
-                self.notes.append(f"stage {stage}: {result.name} {result.state.value} ({result.reason}); "
-                                  "no further trials of this stage")
+                self.notes.append(
+                    f"stage {stage}: {result.name} {result.state.value} ({result.reason}); "
+                    "no further trials of this stage"
+                )
                 return ok_max
-            open_range = [c for c in self.candidates
-                          if (ok_max is None or c > ok_max) and (oom_min is None or c < oom_min)]
+            open_range = [
+                c for c in self.candidates if (ok_max is None or c > ok_max) and (oom_min is None or c < oom_min)
+            ]
             if not open_range:
                 break
             fit = self.memory.fit(stage)
@@ -226,27 +246,32 @@ class MicroBatchSearch(Searcher):
                 # The fit says nothing larger fits: trust it rather than spend an OOM trial, and
                 # record the next size up as pruned, with the prediction.
                 nxt = open_range[0]
-                yield Suggestion(self.spec(stage, nxt), f"predicted {_predicted(fit, nxt)} > budget "
-                                                        f"{format_size(self.budget)}")
+                yield Suggestion(
+                    self.spec(stage, nxt), f"predicted {_predicted(fit, nxt)} > budget {format_size(self.budget)}"
+                )
                 break
             mb = target
         if ok_max is None and failed is not None and failed.state is TrialState.TIMEOUT:
-            self.notes.append(f"stage {stage}: no micro-batch in {self.candidates} finished in time ({failed.name}: "
-                              f"{failed.reason})")
+            self.notes.append(
+                f"stage {stage}: no micro-batch in {self.candidates} finished in time ({failed.name}: {failed.reason})"
+            )
         elif ok_max is None:
             self.notes.append(f"stage {stage}: no micro-batch in {self.candidates} fits the budget")
         return ok_max
 
     def _compare_micro_batches(self, largest: dict[int, int]) -> Plan:
-        ranked = sorted(largest, key=lambda s: self._stage_best(s).metric(self.metric),
-                        reverse=self.metric != "latency")
+        ranked = sorted(
+            largest, key=lambda s: self._stage_best(s).metric(self.metric), reverse=self.metric != "latency"
+        )
         compared: set[int] = set()
         for stage in ranked:
             best_all = choose_best(self.results, self.metric)
             if best_all and clearly_worse(self.metric, self._stage_best(stage), best_all.best, CANNOT_WIN_MARGIN):
-                self.notes.append(f"stage {stage}: skipped smaller micro-batches; its best "
-                                  f"{self._stage_best(stage).name} measured over {CANNOT_WIN_MARGIN:.0%} "
-                                  f"behind {best_all.best.name}, beyond noise")
+                self.notes.append(
+                    f"stage {stage}: skipped smaller micro-batches; its best "
+                    f"{self._stage_best(stage).name} measured over {CANNOT_WIN_MARGIN:.0%} "
+                    f"behind {best_all.best.name}, beyond noise"
+                )
                 continue
             mb = largest[stage]
             if (twin := self._twin(stage, compared, largest)) is not None:
@@ -269,10 +294,14 @@ class MicroBatchSearch(Searcher):
         twin was compared first here, on at least two micro-batches, over a range reaching
         ``stage``'s largest, with the same overrides, at a fixed global batch."""
         twin = TWINS.get(stage)
-        if (twin is None or twin not in compared or not self.global_batch
-                or self.overrides.get(twin, ()) != self.overrides.get(stage, ())
-                or largest.get(twin, 0) < largest[stage]
-                or len({r.spec.micro_batch for r in self._ok(twin)}) < 2):
+        if (
+            twin is None
+            or twin not in compared
+            or not self.global_batch
+            or self.overrides.get(twin, ()) != self.overrides.get(stage, ())
+            or largest.get(twin, 0) < largest[stage]
+            or len({r.spec.micro_batch for r in self._ok(twin)}) < 2
+        ):
             return None
         return twin
 
@@ -286,7 +315,8 @@ class MicroBatchSearch(Searcher):
             f"stage {stage}: micro-batches below {largest} follow stage {twin}'s: at a fixed global batch the two "
             "differ only at the optimizer step (stage 1 updates its partition of the optimizer states and gathers "
             f"the parameters), once per step at any micro-batch, so their micro-batches rank alike; stage {twin}'s "
-            f"best is {best}" + ("; measured that one" if todo else ""))
+            f"best is {best}" + ("; measured that one" if todo else "")
+        )
         if todo:
             yield Suggestion(self.spec(stage, best))
 

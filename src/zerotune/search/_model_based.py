@@ -7,6 +7,7 @@ ends. Points the memory model predicts not to fit are pruned before a launch and
 infeasible, so the model learns from them too. The first point is the prior guess: the largest
 micro-batch, with DeepSpeed's default knob values where the space has them.
 """
+
 from __future__ import annotations
 
 import random
@@ -28,8 +29,9 @@ def _ordered(values: tuple) -> bool:
 
 
 class ModelBasedSearch(SpaceSearch):
-    def __init__(self, space: Space, *, seed: int = 0, prior: dict[str, Any] | None = None, use_prior: bool = True,
-                 **kw):
+    def __init__(
+        self, space: Space, *, seed: int = 0, prior: dict[str, Any] | None = None, use_prior: bool = True, **kw
+    ):
         """``prior``: values of the first point to try (default: the largest micro-batch and
         DeepSpeed's defaults); ``use_prior`` False: TPE from random start-up points alone."""
         import optuna
@@ -39,11 +41,12 @@ class ModelBasedSearch(SpaceSearch):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._optuna = optuna
         self._choices = {d.key: (sorted(d.values) if _ordered(d.values) else list(d.values)) for d in space.dims}
-        self._dists = {k: IntDistribution(0, len(v) - 1) if _ordered(tuple(v)) else CategoricalDistribution(v)
-                       for k, v in self._choices.items()}
+        self._dists = {
+            k: IntDistribution(0, len(v) - 1) if _ordered(tuple(v)) else CategoricalDistribution(v)
+            for k, v in self._choices.items()
+        }
         sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP_TRIALS, multivariate=True)
-        self.study = optuna.create_study(direction="maximize" if MAXIMIZE[self.metric] else "minimize",
-                                         sampler=sampler)
+        self.study = optuna.create_study(direction="maximize" if MAXIMIZE[self.metric] else "minimize", sampler=sampler)
         self._rng = random.Random(seed)
         self._trials: dict[str, Any] = {}
         """Point name -> the Optuna trial asked for it and not yet told."""
@@ -115,6 +118,8 @@ class ModelBasedSearch(SpaceSearch):
         values = self.space.values_of(result.spec)
         if any(v not in self._choices[k] for k, v in values.items()):
             return
-        self.study.add_trial(self._optuna.trial.create_trial(
-            params=self._encode(values), distributions=self._dists, value=value,
-            constraints={"memory": overflow}))
+        self.study.add_trial(
+            self._optuna.trial.create_trial(
+                params=self._encode(values), distributions=self._dists, value=value, constraints={"memory": overflow}
+            )
+        )

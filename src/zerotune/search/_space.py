@@ -2,6 +2,7 @@
 ``_model_based``. They share what is not about choosing: skipping points already measured,
 asking the caller's ``check`` (invalid combinations, memory predictions) before a launch, and
 recording what was learned."""
+
 from __future__ import annotations
 
 import abc
@@ -20,8 +21,9 @@ class SpaceSearch(Searcher):
     """Proposes points of ``space`` one at a time. ``known``: results measured before (by an
     earlier phase) under the point's name, used instead of a trial."""
 
-    def __init__(self, space: Space, *, metric: str, check: Check | None = None,
-                 known: dict[str, TrialResult] | None = None):
+    def __init__(
+        self, space: Space, *, metric: str, check: Check | None = None, known: dict[str, TrialResult] | None = None
+    ):
         self.space, self.metric = space, metric
         self.check = check or (lambda spec: None)
         self.known = dict(known or {})

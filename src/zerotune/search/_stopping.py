@@ -1,4 +1,5 @@
 """When to stop a search (Ray Tune's scheduler role, apart from what to try)."""
+
 from __future__ import annotations
 
 from ..ranking import better, within_noise
@@ -30,5 +31,7 @@ class EarlyStopping:
 
     @property
     def reason(self) -> str:
-        return (f"stopped after {self.patience} trials without an improvement beyond noise "
-                f"(tuner_early_stopping={self.patience})")
+        return (
+            f"stopped after {self.patience} trials without an improvement beyond noise "
+            f"(tuner_early_stopping={self.patience})"
+        )
