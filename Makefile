@@ -1,5 +1,6 @@
 # make demo: set up .venv and tune the bundled GPT example on CPU with 2 processes.
-# make test: set up .venv with the test extras, check lint and format (ruff), then run the tests
+# make test: set up .venv with the test extras, check lint and format (ruff) and the layering
+# (import-linter, contracts in pyproject.toml), then run the tests
 # (unit tests, then real DeepSpeed trials on CPU). Only the test set-up installs anything outside .venv (the browser of the report test);
 # set-up compiles DeepSpeed's CPU ops into torch's extension cache, where DeepSpeed would at first use.
 VENV ?= .venv
@@ -53,6 +54,7 @@ LINTED := src tests bench examples
 test: test-setup
 	$(PY) -m ruff check $(LINTED)
 	$(PY) -m ruff format --check $(LINTED)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -ra --durations=15
 
 bench: test-setup

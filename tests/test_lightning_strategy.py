@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from zerotune import ConfigError  # noqa: E402
 from zerotune.lightning import AutotuneDeepSpeedStrategy  # noqa: E402
-from zerotune.lightning._describe import apply_tuned, describe  # noqa: E402
+from zerotune.lightning_fit import apply_tuned, describe  # noqa: E402
 from zerotune.lightning_job import write_cache  # noqa: E402
 
 

@@ -13,8 +13,17 @@ from pathlib import Path
 
 from ._errors import ConfigError
 from .config import MAX_PROCESSES
-from .launch import FIGURE_ENV, Launcher, LocalLauncher, Slot, plan_slots
-from .launch._hosts import Host, read_hostfile, select_hosts
+from .launch import (
+    FIGURE_ENV,
+    Host,
+    Launcher,
+    LocalLauncher,
+    MultiNodeLauncher,
+    Slot,
+    plan_slots,
+    read_hostfile,
+    select_hosts,
+)
 
 MAX_NODES = 4096
 
@@ -98,8 +107,6 @@ class Cluster:
 
     def make_launcher(self) -> Launcher:
         if self.multinode:
-            from .launch._multinode import MultiNodeLauncher
-
             return MultiNodeLauncher(
                 list(self.hosts), device=self.device, launcher=self.launcher_kind, master_addr=self.master_addr
             )

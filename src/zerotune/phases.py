@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 from .memory import Z, model_states
 from .memory_terms import MemorySetup
 from .ranking import choose_best, clearly_worse
-from .search import SEARCHERS, EarlyStopping, MicroBatchSearch, Searcher
-from .search._microbatch import CANNOT_WIN_MARGIN
+from .search import CANNOT_WIN_MARGIN, SEARCHERS, EarlyStopping, MicroBatchSearch, Searcher
 from .space import MICRO_BATCH, Dimension, Space, invalid_reason, stage_dimensions, trial_config
 from .trial import SHORT_KEYS, TrialResult, TrialSpec, TrialState
 from .units import format_size

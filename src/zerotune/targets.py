@@ -116,40 +116,6 @@ class ScriptTarget(Target):
         return cluster.command_line(self.script, self.trial_args(optimal, mapped)) + "\n"
 
 
-def detect(
-    command: UserCommand,
-    ds_config: Any,
-    lightning: Any,
-    *,
-    inspect_dir: Path,
-    env: dict[str, str],
-    accelerate: Any = None,
-) -> Target:
-    """The target of ``command``: the Lightning program described by ``lightning``, a Lightning
-    script found by running it up to ``trainer.fit`` (when no ds_config is given), a Hugging Face
-    Trainer script (read from its source), else a script. ``accelerate``: the command was
-    ``accelerate launch ...`` (an :class:`~zerotune.accelerate_job.AccelerateLaunch`)."""
-    from .hf_trainer import HfTrainerTarget, looks_like_hf_trainer
-    from .lightning_job import LightningTarget, inspect_script, looks_like_lightning
-
-    if accelerate is not None:
-        from .accelerate_job import AccelerateTarget
-
-        return AccelerateTarget(command=command, launch=accelerate)
-    if (
-        lightning is None
-        and ds_config is None
-        and command.config_path() is None
-        and looks_like_lightning(command.script)
-    ):
-        lightning = inspect_script(command.script, list(command.args), inspect_dir, env)
-    if lightning is not None:
-        return LightningTarget(command=command, job=lightning)
-    if looks_like_hf_trainer(command.script):
-        return HfTrainerTarget(command=command)
-    return ScriptTarget(command=command)
-
-
 def require_config(source: Any) -> Any:
     if source is None:
         raise ConfigError("no ds_config given; add --deepspeed_config ds.json to the script's arguments")

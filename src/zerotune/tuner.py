@@ -9,10 +9,8 @@ from typing import Any
 
 from . import hardware
 from ._errors import NoFeasibleConfigError, ZerotuneError
-from .accelerate_job import AccelerateLaunch, is_accelerate_launch
 from .api_check import checked, renamed
 from .cluster import Cluster, check_counts
-from .command import UserCommand
 from .config import TuningRequest, load_ds_config, parse_request
 from .confirm import confirm, earlier_confirmation
 from .cost import tuning_cost
@@ -25,7 +23,8 @@ from .results_folder import FolderLock, claim, discard, expand, make_folder
 from .search import Searcher
 from .settings import MeasureSettings
 from .store import write_json
-from .targets import Target, detect, require_config
+from .target_detection import detect
+from .targets import Target, require_config
 from .trial_factory import TrialFactory
 from .units import parse_duration, parse_size
 
@@ -86,11 +85,6 @@ class Autotuner:
         warm_trials: bool | None = None,
         budget: float | str | None = None,
     ):
-        accelerate = None
-        if not callable(command) and is_accelerate_launch(command):
-            accelerate = AccelerateLaunch.split(command)  # `accelerate launch [options] script.py ...`
-            command = list(accelerate.script_command)
-        self.command = UserCommand.from_callable(command) if callable(command) else UserCommand.parse(command)
         self.node = node or hardware.detect()
         self.measure = MeasureSettings.of(
             precision=precision,
@@ -110,13 +104,13 @@ class Autotuner:
         )
         check_counts(num_gpus, num_nodes)  # before anything runs the script
         self.target: Target = detect(
-            self.command,
+            command,
             ds_config,
             lightning,
             inspect_dir=expand(results_dir or "autotuning_results") / "_inspect",
             env=trial_env(1, self.node.device),
-            accelerate=accelerate,
         )
+        self.command = self.target.command
         num_gpus = self.target.processes(num_gpus)
         self.user_config = load_ds_config(require_config(self.target.config_source(ds_config)))
         self.cluster = Cluster.build(num_gpus=num_gpus, **cluster_args)

@@ -114,7 +114,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
 
     def _describe_extras(self, job, model) -> None:
         """Called while describing a fit: this strategy's search space, cache and fingerprint."""
-        from ._describe import fingerprint
+        from ..lightning_fit import fingerprint
 
         stages = self.tuning.stages
         if stages is None and self.tuning.user_config:
@@ -148,7 +148,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
 
     def setup(self, trainer) -> None:
         if self.tuning.entry is not None and not self.tuning.in_trial():
-            from ._describe import apply_tuned
+            from ..lightning_fit import apply_tuned
 
             mb, gas = apply_tuned(self, trainer, self.tuning.entry["config"])
             rank_zero_info(

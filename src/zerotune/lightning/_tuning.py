@@ -83,7 +83,7 @@ class Tuning:
     ) -> None:
         """Find the config to train with: cached, or (``can_tune``) tuned now. ``required``: a
         miss is an error (fit); otherwise the strategy's own config is used (validate, test)."""
-        from ._describe import describe
+        from ..lightning_fit import describe
 
         job = describe(strategy, trainer, model, datamodule, train_dataloaders)
         entry = None if (self.retune and can_tune) else read_cache(job.cache_dir, job.fingerprint)

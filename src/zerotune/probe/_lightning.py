@@ -20,7 +20,7 @@ from ..store import write_json
 def install_inspect(spec: dict[str, Any]) -> None:
     import lightning.pytorch as pl
 
-    from ..lightning._describe import describe
+    from ..lightning_fit import describe
     from ..lightning_job import INSPECT
 
     def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, *args, **kwargs):
@@ -38,7 +38,7 @@ def install_trial(config_path: str, probe=None) -> None:
     """``probe``: the StepProbe of a measured trial (None when training for real)."""
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
-    from ..lightning._describe import apply_tuned
+    from ..lightning_fit import apply_tuned
 
     orig_dist, orig_setup = DeepSpeedStrategy.setup_distributed, DeepSpeedStrategy.setup
 

@@ -1,7 +1,7 @@
 """Searchers behind one small interface: ``suggest()`` and ``observe(result)``; stopping rules apart."""
 
 from ._base import Searcher, Suggestion
-from ._microbatch import MicroBatchSearch
+from ._microbatch import CANNOT_WIN_MARGIN, MicroBatchSearch
 from ._model_based import ModelBasedSearch
 from ._space import GridSearch, RandomSearch, SpaceSearch
 from ._stopping import EarlyStopping
@@ -10,6 +10,7 @@ SEARCHERS = {"gridsearch": GridSearch, "random": RandomSearch, "model_based": Mo
 """``autotuning.tuner_type`` -> the searcher over a knob space."""
 
 __all__ = [
+    "CANNOT_WIN_MARGIN",
     "SEARCHERS",
     "EarlyStopping",
     "GridSearch",

@@ -1,4 +1,5 @@
-"""Read what a Lightning ``fit`` asks for, and apply a tuned config to it.
+"""What a Lightning ``fit`` asks for, and a tuned config applied to it: read by the strategy, and
+by the probe's Lightning hooks in the trial processes.
 
 The micro-batch lives where Lightning's BatchSizeFinder looks for it (a ``batch_size`` attribute of
 the LightningModule, its hparams or the DataModule); accumulation is the Trainer's
@@ -14,8 +15,8 @@ from typing import Any
 
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from .._errors import ConfigError
-from ..lightning_job import LightningJob, trainer_settings
+from ._errors import ConfigError
+from .lightning_job import LightningJob, trainer_settings
 
 
 def batch_size_holders(model, datamodule) -> list[tuple[Any, str]]:
@@ -62,7 +63,7 @@ def _device_memory(strategy) -> tuple[str, int]:
         import torch
 
         return "cuda", int(torch.cuda.get_device_properties(0).total_memory)
-    from ..hardware import host_memory
+    from .hardware import host_memory
 
     return "cpu", host_memory()
 
