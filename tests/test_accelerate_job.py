@@ -202,3 +202,15 @@ def test_an_inline_deepspeed_plugin_is_tuned_and_written_as_a_file(project, gpu_
     assert "mixed_precision" not in launch  # Accelerate refuses both beside a ds_config file
     optimal = yaml.safe_load((project / "r" / "accelerate_config_optimal.yaml").read_text())
     assert optimal["deepspeed_config"]["deepspeed_config_file"].endswith("ds_config_optimal.json")
+
+
+def test_the_accelerate_config_is_the_target_s_output_recorded_and_overwritten(project, gpu_node):
+    from zerotune.results_folder import discard, read_record
+
+    root = project / "r"
+    Autotuner(command(), memory_per_device="6GiB", results_dir=root, launcher=FakeLauncher(), node=gpu_node).tune()
+    assert read_record(root)["target_outputs"] == ["accelerate_config_optimal.yaml"]
+    (root / "mine.yaml").write_text("the user's")
+    discard(root, read_record(root))  # what --overwrite removes
+    assert not (root / "accelerate_config_optimal.yaml").exists() and not (root / "ds_config_optimal.json").exists()
+    assert (root / "mine.yaml").read_text() == "the user's"

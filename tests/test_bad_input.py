@@ -183,3 +183,13 @@ def test_how_a_script_ended_is_said_as_it_happened(tmp_path, case):
     subprocess.run([sys.executable, "-m", "zerotune.probe"], env=env, timeout=300, capture_output=True)
     rank = json.loads((out / "rank0.json").read_text())
     assert rank["state"] == "crashed" and expected in rank["reason"], rank["reason"]
+
+
+def test_a_time_budget_spent_before_the_first_trial_says_so(box):
+    out = tune(box, "train.py", "--deepspeed_config", "ds.json", options=["--time-budget", "0.000001s"])
+    refused(
+        out,
+        "no trial ran: the time budget of 1e-06 s was spent before the first one could start",
+        "raise --time-budget",
+    )
+    assert "memory" not in out.err

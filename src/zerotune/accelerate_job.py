@@ -66,6 +66,8 @@ INLINE_KEYS = (
     "zero3_save_16bit_model",
 )
 WORK = "_accelerate"
+OPTIMAL_YAML = "accelerate_config_optimal.yaml"
+"""The tuned config in Accelerate's form, beside ds_config_optimal.json (AccelerateTarget.output_files)."""
 """zerotune's folder in the results folder: the launch config of the trials."""
 
 
@@ -240,6 +242,9 @@ class AccelerateTarget(Target):
     launch: AccelerateLaunch
     kind = "an Accelerate script, started by accelerate launch"
 
+    def output_files(self) -> tuple[str, ...]:
+        return (OPTIMAL_YAML,)
+
     def __post_init__(self) -> None:
         self.config_file, self.accelerate_config = read_accelerate_config(self.launch)
         self.source = ds_config_of(self.config_file, self.accelerate_config, self.launch)
@@ -316,7 +321,7 @@ class AccelerateTarget(Target):
 
     def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str], cluster) -> str:
         num_gpus = cluster.num_gpus
-        yaml_path = self.write_launch_config(optimal.parent / "accelerate_config_optimal.yaml", optimal, num_gpus)
+        yaml_path = self.write_launch_config(optimal.parent / OPTIMAL_YAML, optimal, num_gpus)
         words = [
             "accelerate",
             "launch",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from ._errors import ZerotuneError
-from .results_folder import MARK, OUTPUTS, made
+from .results_folder import MARK, made, outputs
 from .store import SESSION, ResultStore, fingerprint, write_json
 from .trial import TrialResult, TrialSpec, TrialState
 
@@ -95,6 +95,7 @@ class TuningRecord:
         """``previous``: the folder's record before this tuning (the trial folders it made stay
         this folder's, see results_folder)."""
         self.store = ResultStore(root, made=made(previous), on_made=lambda name: self.write_session(self._state))
+        self.previous_outputs = outputs(previous)
         self.root = self.store.root
         self._state = "running"
         self.identity, self.session, self.retry_failed = identity, dict(session), retry_failed
@@ -262,7 +263,7 @@ class TuningRecord:
         """Remove an earlier tuning's outputs as this one starts (they are written again when it
         ends), so that no stale ds_config_optimal.json or cmd_optimal.txt stands beside the record
         of an interrupted tuning, or beside a summary saying 'best: none'."""
-        for name in OUTPUTS:
+        for name in dict.fromkeys(self.previous_outputs + outputs(self.session)):
             path = self.root / name
             if path.is_symlink() or path.is_file():
                 path.unlink()

@@ -200,9 +200,20 @@ def no_choice_message(trials: list[TrialResult], results_dir: Path, time_budget:
 
 
 def load_results(results_dir: str | Path) -> TuningResult:
-    """The result of a finished or interrupted tuning, read from disk without running anything:
-    the trials its record (tuning.json) lists, never others an earlier tuning left in the folder.
-    A trial whose result is damaged is named in the notes; a damaged record is a ZerotuneError."""
+    """The result of a finished, running or interrupted tuning, read from disk without running
+    anything: the trials its record (tuning.json) lists, never others an earlier tuning left in
+    the folder.
+
+    Args:
+        results_dir: The tuning's results folder (``~`` and ``$VARS`` expanded).
+
+    Returns:
+        A :class:`TuningResult` whose ``state`` says whether the tuning finished; a trial whose
+        result is damaged is named in its notes.
+
+    Raises:
+        ZerotuneError: The folder holds no zerotune record, or the record is damaged.
+    """
     root = expand(results_dir)
     session = read_session(root)
     names, metric = session.get("trials"), session.get("metric", "throughput")

@@ -8,7 +8,7 @@ zerotune writes only inside a results folder it owns, and deletes only what it m
   ``tuning.json`` too damaged to read still marks the folder as zerotune's where the folder's
   lock file is beside it. Any other non-empty folder is refused, with what is in it named.
 - ``--overwrite`` removes the trial folders the record lists under ``made`` and the output files
-  of :data:`OUTPUTS`, nothing else: a user's subfolder in a results folder stays.
+  (:func:`outputs`), nothing else: a user's subfolder in a results folder stays.
 - A tuning holds the folder's lock (``.zerotune.lock``, an advisory ``flock`` that the kernel
   releases when the process dies, however it dies); a second tuning of the same folder is
   refused with the pid of the one running.
@@ -31,25 +31,13 @@ __all__ = ["FolderBusyError", "FolderLock", "busy", "claim", "discard", "expand"
 MARK = "zerotune"
 """The key of tuning.json that makes its folder zerotune's (its value: the writer's version)."""
 LOCK = ".zerotune.lock"
-OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt", "accelerate_config_optimal.yaml", "summary.txt", "results.json")
-"""The output files a tuning writes at the results folder's top."""
-OWN_NAMES = frozenset(
-    {
-        SESSION,
-        LOCK,
-        "_inspect",
-        "_warm",
-        "_accelerate",
-        "_cpu_info.json",
-        "_shm_ports.txt",
-        "run_probe.json",
-        "report",
-        "report.html",
-        *OUTPUTS,
-    }
-)
-"""Every fixed name zerotune writes at the results folder's top (trial folders come on top)."""
-BEFORE_RECORD = frozenset({LOCK, "_inspect", "_cpu_info.json"})
+OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt", "summary.txt", "results.json")
+"""The output files every tuning writes at the results folder's top; a target's own (its
+Target.output_files) are listed in the record under ``target_outputs``."""
+NOT_TRIALS = frozenset({SESSION, "run_probe.json", "report", "report.html", *OUTPUTS})
+"""Fixed names at the results folder's top that are not trial folders (zerotune's other folders
+and files there begin with "_" or ".")."""
+BEFORE_RECORD = frozenset({LOCK, "_inspect", "_cpu_info.json"})  # the Lightning inspection, DeepSpeed's CPU answer
 """What a tuning may have written before its tuning.json (a folder holding only these is zerotune's)."""
 
 
@@ -149,27 +137,35 @@ def recovered(root: Path) -> dict[str, Any]:
 
 
 def is_trial_name(name: Any) -> bool:
-    """A name a trial folder can have: one plain path component, not hidden."""
+    """A name a trial folder can have: one plain path component, neither hidden nor one of
+    zerotune's own ("_warm", "summary.txt")."""
     return (
         isinstance(name, str)
         and bool(name)
         and "/" not in name
         and "\0" not in name
-        and not name.startswith(".")
-        and name not in (".", "..")
-        and name not in OWN_NAMES
+        and not name.startswith((".", "_"))
+        and name not in NOT_TRIALS
     )
+
+
+def outputs(record: dict[str, Any] | None) -> list[str]:
+    """The output files of a results folder: every tuning's, and those its record says its
+    target wrote (an Accelerate config, say)."""
+    extra = (record or {}).get("target_outputs")
+    return list(OUTPUTS) + [n for n in (extra if isinstance(extra, list) else []) if is_trial_name(n)]
 
 
 def discard(root: Path, record: dict[str, Any] | None) -> None:
     """``--overwrite``: remove the trial folders the record names and the output files, nothing
     else (a link among them goes, never what it points to)."""
-    for name in sorted(made(record)) + list(OUTPUTS):
+    files = outputs(record)
+    for name in sorted(made(record) - set(files)) + files:
         path = root / name
         try:
             if path.is_symlink() or path.is_file():
                 path.unlink()
-            elif path.is_dir() and name not in OUTPUTS:
+            elif path.is_dir() and name not in files:
                 shutil.rmtree(path)
         except OSError as e:
             raise ZerotuneError(

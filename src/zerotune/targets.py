@@ -20,6 +20,19 @@ if TYPE_CHECKING:
 
 
 class Target(abc.ABC):
+    """What is tuned, as the core sees it: a program that trials run and that then trains.
+
+    A subclass says how a trial runs the program and what it trains with afterwards; the core
+    never branches on the kind. Call order, once per tuning: :meth:`config_source` and
+    :meth:`processes` (before the cluster is built), :meth:`check_cluster`, :meth:`arg_mappings`
+    and :meth:`script_batch` (the batch options), :meth:`own_spec` and :meth:`identity`; then,
+    per trial, :meth:`trial_args`, :meth:`probe_fields` and :meth:`program_launcher`; once a
+    configuration is chosen, :meth:`final_config`, :meth:`final_command` and :meth:`after_tuning`
+    (the files it writes named by :meth:`output_files`). Only :meth:`trial_args` and
+    :meth:`final_command` must be written; every other hook has a default that suits a plain
+    DeepSpeed script. Kinds are found by :func:`zerotune.target_detection.detect`.
+    """
+
     command: UserCommand
     kind = "the script"
     """What the target is, in the summary's words."""
@@ -93,6 +106,12 @@ class Target(abc.ABC):
         given = request.space_config.get("gradient_accumulation_steps")
         gas = request.global_batch // (mb * dp) if request.global_batch else (given if isinstance(given, int) else 1)
         return TrialSpec(stage=request.stages[0], micro_batch=mb, grad_accum=gas) if gas >= 1 else None
+
+    def output_files(self) -> tuple[str, ...]:
+        """Files the target writes at the results folder's top besides every tuning's outputs
+        (in :meth:`final_command` or :meth:`after_tuning`): recorded in tuning.json, removed by
+        ``--overwrite`` and as a tuning starts."""
+        return ()
 
     def after_tuning(self, result) -> None:
         """Record the result where the program looks for it (Lightning's cache)."""

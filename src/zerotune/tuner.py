@@ -32,25 +32,50 @@ __all__ = ["Autotuner", "TuningEvent"]
 
 
 class Autotuner:
-    """Finds the fastest DeepSpeed configuration of a training command on this node.
+    """Finds the fastest DeepSpeed configuration of a training command, then trains with it.
 
-    ``command`` is the user's script and its arguments, or a function ``train(ds_config: dict)``
-    defined at the top level of a .py file (each trial runs it in fresh processes, which call
-    ``deepspeed.initialize(config=ds_config)``). ``ds_config`` is a dict or a path (default: the
-    ``--deepspeed_config``/``--deepspeed`` value in the command). ``memory_per_device`` is a
-    budget in bytes or a size such as "16GB" (default: device memory on GPU, RAM / processes on
-    CPU). ``time_budget`` is wall-clock time: no trial starts after that many seconds (or "20m";
-    ``budget``, its older name, still works and warns).
-    ``trial_timeout`` ends a trial after that many seconds in all; ``stall_timeout`` ends one whose
-    training stopped making progress (no step on any rank) for that long. Trials run
-    ``devices // num_gpus`` at a time on disjoint GPUs (one at a time on CPU), at most
-    ``max_concurrent_trials``. ``warm_trials`` False starts every trial in processes of its own
-    (default: the autotuning section's ``warm_trials``, true: trials on one node reuse their
-    processes, see zerotune.launch._warm). ``retry_failed`` runs again the stored trials that failed (else
-    they are retried only when the timeouts or memory budget that failed them changed).
-    ``lightning`` (a :class:`~zerotune.lightning_job.LightningJob`) makes the target a Lightning
-    program; a script without a ds_config that imports Lightning is found to be one by itself.
-    ``on_event`` receives a :class:`TuningEvent` for each step of progress; the core never prints.
+    Call order: construct (checks every argument and the ds_config; runs nothing but, for a
+    Lightning script without a ds_config, the script up to its ``trainer.fit``), then
+    :meth:`tune` (runs the trials; a second call resumes from disk), then optionally
+    :meth:`write_optimal_config` or :meth:`run_after_tuning`. Each argument's type is checked
+    once (a wrong one is a ``ValueError`` naming it).
+
+    Args:
+        command: The user's script and its arguments (``accelerate launch ...`` too), or a
+            function ``train(ds_config: dict)`` defined at the top level of a .py file (each trial
+            runs it in fresh processes, which call ``deepspeed.initialize(config=ds_config)``).
+        ds_config: A dict or a path; default: the ``--deepspeed_config``/``--deepspeed`` value in
+            the command. Its ``autotuning`` section is read with DeepSpeed's key names.
+        num_gpus, num_nodes: Processes per node and nodes (default: every GPU, or 1 on CPU; every
+            host of ``hostfile``).
+        memory_per_device: A budget in bytes or a size such as "16GB" (default: device memory on
+            GPU, RAM / processes on CPU).
+        results_dir: Where trials and outputs go (default: autotuning.results_dir); a non-empty
+            folder that is not zerotune's is refused.
+        time_budget: Wall-clock seconds (or "20m") after which no trial starts (``budget``, its
+            older name, still works and warns).
+        trial_timeout, stall_timeout, precision, max_measure_seconds: The measurement policy
+            (:class:`~zerotune.settings.MeasureSettings`): a trial ends after ``trial_timeout``
+            seconds in all, or ``stall_timeout`` seconds without a step on any rank; it stops
+            measuring once its 95% interval is within ``precision``, or at
+            ``max_measure_seconds`` of timed steps.
+        max_concurrent_trials: Trials at once, each on its own GPUs (default: devices //
+            num_gpus; one at a time on CPU).
+        warm_trials: False starts every trial in processes of its own (default: the autotuning
+            section's ``warm_trials``, true: trials on one node reuse their processes).
+        retry_failed: Run again the stored trials that failed (else they are retried only when
+            the timeouts or memory budget that failed them changed).
+        overwrite: Remove the trial folders and outputs the folder's record names first.
+        offload: True searches offload to CPU too; False never; None only when nothing fits.
+        searcher: A :class:`~zerotune.search.Searcher` in place of the micro-batch search and
+            the phases after it.
+        launcher, node: How trials start and what machine this is (default: found).
+        lightning: A :class:`~zerotune.lightning_job.LightningJob` makes the target a Lightning
+            program (a script without a ds_config that imports Lightning is found to be one).
+        hostfile, include, exclude, multinode_launcher, master_addr: Multi-node trials, with
+            DeepSpeed's runner options of the same names.
+        on_event: Receives a :class:`TuningEvent` for each step of progress; the core never
+            prints.
     """
 
     @checked
@@ -296,6 +321,7 @@ class Autotuner:
             "budget": self.budget,
             "user_config": self.user_config,
             "env": self.cluster.run_env(),
+            "target_outputs": list(self.target.output_files()),
             "own": own.to_dict() if own is not None else None,
         }
 

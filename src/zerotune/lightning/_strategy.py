@@ -33,23 +33,28 @@ from ._tuning import TuneFirstLauncher, Tuning
 class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
     """DeepSpeed through Lightning that finds its own fastest configuration, on CUDA or on CPU.
 
-    All of DeepSpeedStrategy's arguments are accepted. Tuning options:
+    Call order: construct (every option checked at once), then ``Trainer(strategy=...).fit``:
+    the first fit of a model and setup not yet in the cache tunes (in processes of its own,
+    re-running this program per trial), caches the choice, and trains with it; later fits train
+    from the cache. After ``fit``, ``strategy.tuning_result`` is the
+    :class:`zerotune.TuningResult` (None when not tuned) and ``strategy.tuned_config`` the config
+    trained with.
 
-    - ``autotune``: tune on the first ``fit`` (default True; env ``ZEROTUNE_AUTOTUNE=0`` turns it off).
-    - ``stages``: ZeRO stages to search (default: all, or the ``stage`` / config's stage if given).
-    - ``offload``: offload to CPU (optimizer; for stage 3 also parameters): None (default) where
-      needed, when nothing fits without it; True: searched as well; False: never.
-    - ``metric``: "throughput" (default), "latency" or "flops".
-    - ``global_batch``: samples per optimizer step to keep fixed (default: the script's
-      ``batch_size`` x ``accumulate_grad_batches`` x processes).
-    - ``time_budget`` ("20m" or seconds), ``max_trials``, ``memory_per_device`` ("16GB"),
-      ``trial_timeout``, ``stall_timeout``, ``max_measure_seconds`` (seconds) and ``precision``:
-      the same names and meanings as the Python API's and the CLI's options.
-    - ``cache_dir``: where results are kept (default ``$ZEROTUNE_CACHE_DIR``, else
-      ``~/.cache/zerotune/lightning``); ``retune=True`` tunes again even when a result is cached.
-
-    After ``fit``, ``strategy.tuning_result`` is the :class:`zerotune.TuningResult` (None when
-    not tuned) and ``strategy.tuned_config`` the config trained with.
+    Args:
+        *args, **kwargs: All of DeepSpeedStrategy's arguments.
+        autotune: Tune on the first ``fit`` (default True; env ``ZEROTUNE_AUTOTUNE=0`` turns it off).
+        stages: ZeRO stages to search (default: all, or the ``stage`` / config's stage if given).
+        offload: Offload to CPU (optimizer; for stage 3 also parameters): None (default) where
+            needed, when nothing fits without it; True: searched as well; False: never.
+        metric: "throughput" (default), "latency" or "flops".
+        global_batch: Samples per optimizer step to keep fixed (default: the script's
+            ``batch_size`` x ``accumulate_grad_batches`` x processes).
+        time_budget, max_trials, memory_per_device, trial_timeout, stall_timeout, precision,
+            max_measure_seconds: The same names and meanings as the Python API's
+            (:class:`zerotune.Autotuner`) and the CLI's options.
+        cache_dir: Where results are kept (default ``$ZEROTUNE_CACHE_DIR``, else
+            ``~/.cache/zerotune/lightning``).
+        retune: Tune again even when a result is cached.
     """
 
     strategy_name = "deepspeed_autotune"
