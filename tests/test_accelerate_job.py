@@ -79,7 +79,7 @@ def test_tuned_through_accelerate_launch_and_written_in_its_form(project, gpu_no
     assert tuner.request.global_batch == 8 * 2 * 2
     result = tuner.tune()
     job = launcher.jobs[0]
-    assert job.program_launcher[:2] == ("--config_file", str(project / "r" / "_accelerate" / "launch.yaml"))
+    assert job.program_launcher.options[:2] == ("--config_file", str(project / "r" / "_accelerate" / "launch.yaml"))
     argv = ranks_argv(job.program_launcher, 2, 29500)
     assert argv[1:3] == ["-m", "accelerate.commands.launch"] and argv[-2:] == ["--module", "zerotune.probe"]
     launch_yaml = yaml.safe_load((project / "r" / "_accelerate" / "launch.yaml").read_text())

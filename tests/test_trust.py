@@ -302,7 +302,7 @@ def test_multinode_torchrun_command_runs_on_each_node(tmp_path, script, make_con
 
 def test_run_after_tuning_starts_on_the_tuned_topology(tmp_path, script, make_config, gpu_node):
     class Recording(FakeLauncher):
-        def run_program(self, probe_spec, num_gpus, extra_env, program=()):
+        def run_program(self, probe_spec, num_gpus, extra_env, program=None):
             self.ran = (json.loads(probe_spec.read_text()), num_gpus)
             return 0
 

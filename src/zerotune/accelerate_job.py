@@ -24,12 +24,14 @@ import math
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
 from .command import UserCommand, option_value
+from .launch import ProgramLauncher
 from .targets import Target
 
 LAUNCH_OPTIONS_REPLACED = (
@@ -234,6 +236,32 @@ def ds_config_of(path: Path, data: dict[str, Any], launch: AccelerateLaunch) -> 
     return config
 
 
+@dataclass(frozen=True)
+class AccelerateLauncher(ProgramLauncher):
+    """The ranks of a trial started by Accelerate's launcher (``accelerate launch``) instead of
+    DeepSpeed's: for programs whose users start them so, with their Accelerate config."""
+
+    options: tuple[str, ...]
+    """accelerate launch's options: its config file and the user's other options."""
+
+    def argv(self, num_gpus: int, port: int, devices: list[int] | None) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            *self.options,
+            "--num_processes",
+            str(num_gpus),
+            "--num_machines",
+            "1",
+            "--main_process_port",
+            str(port),
+            *(["--gpu_ids", ",".join(map(str, devices))] if devices else []),
+            "--module",
+            "zerotune.probe",
+        ]
+
+
 @dataclass
 class AccelerateTarget(Target):
     """A script started by ``accelerate launch`` with a DeepSpeed plugin."""
@@ -309,15 +337,15 @@ class AccelerateTarget(Target):
         write_atomic(path, _yaml().safe_dump(self.launch_config(ds_config, num_gpus), sort_keys=False))
         return path
 
-    def program_launcher(self, root: Path, ds_config: Path, num_gpus: int) -> tuple[str, ...]:
-        """accelerate launch's options for the trials: zerotune's launch config (in the results
+    def program_launcher(self, root: Path, ds_config: Path, num_gpus: int) -> AccelerateLauncher:
+        """accelerate launch for the trials, with zerotune's launch config (in the results
         folder) and the user's other options."""
         work = root / WORK
         if work.is_symlink() or (work.exists() and not work.is_dir()):
             work.unlink()  # zerotune's own name in the results folder: a link or file there is replaced
         work.mkdir(parents=True, exist_ok=True)
         path = self.write_launch_config(work / "launch.yaml", ds_config, num_gpus)
-        return ("--config_file", str(path.resolve()), *self.launch.kept_options())
+        return AccelerateLauncher(options=("--config_file", str(path.resolve()), *self.launch.kept_options()))
 
     def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str], cluster) -> str:
         num_gpus = cluster.num_gpus

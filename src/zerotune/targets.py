@@ -16,6 +16,7 @@ from .command import UserCommand
 
 if TYPE_CHECKING:
     from .cluster import Cluster
+    from .launch import ProgramLauncher
     from .trial import TrialSpec
 
 
@@ -77,10 +78,10 @@ class Target(abc.ABC):
     def check_cluster(self, cluster: Cluster) -> None:
         """Raise a ConfigError where the target cannot run on ``cluster``."""
 
-    def program_launcher(self, root: Path, ds_config: Path, num_gpus: int) -> tuple[str, ...]:
-        """The options of the program's own launcher for a run with ``ds_config`` (files it needs
-        go in the results folder ``root``); empty: DeepSpeed's per-node launcher starts the ranks."""
-        return ()
+    def program_launcher(self, root: Path, ds_config: Path, num_gpus: int) -> ProgramLauncher | None:
+        """The program's own launcher for a run with ``ds_config`` (files it needs go in the
+        results folder ``root``); None: DeepSpeed's per-node launcher starts the ranks."""
+        return None
 
     def probe_fields(self, config: Path) -> dict[str, Any]:
         """What the probe in each rank needs beyond the arguments to give the run its config."""

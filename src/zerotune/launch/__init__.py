@@ -1,6 +1,6 @@
 """Starting a trial's processes: on this node, or over the hosts of a hostfile."""
 
-from ._base import Launcher, TrialJob
+from ._base import Launcher, ProgramLauncher, TrialJob
 from ._hosts import Host, read_hostfile, select_hosts
 from ._leftovers import Leftover, end_leftovers, leftovers, leftovers_line, remove_dead_buffers
 from ._local import LocalLauncher
@@ -16,6 +16,7 @@ __all__ = [
     "Leftover",
     "LocalLauncher",
     "MultiNodeLauncher",
+    "ProgramLauncher",
     "ProcessGroup",
     "Slot",
     "TrialJob",

@@ -12,6 +12,18 @@ from ..trial import TrialResult, TrialSpec
 from ._slots import Slot
 
 
+class ProgramLauncher(abc.ABC):
+    """A program's own launcher (a target provides it), which starts a trial's ranks on this node
+    in place of DeepSpeed's per-node launcher. Equal launchers start the same processes (warm
+    processes are reused only by a trial whose launcher equals theirs)."""
+
+    @abc.abstractmethod
+    def argv(self, num_gpus: int, port: int, devices: list[int] | None) -> list[str]:
+        """The command that starts ``python -m zerotune.probe`` in ``num_gpus`` processes on this
+        node, rendezvous on ``port``, on ``devices`` (GPU ids; None: on CPU). The user's
+        arguments are not in it: the probe reads them from the trial folder."""
+
+
 @dataclass(kw_only=True)
 class TrialJob:
     """Everything a launcher needs to run one trial."""
@@ -60,9 +72,9 @@ class TrialJob:
     probe_fields: dict[str, Any] = field(default_factory=dict)
     """What the target adds to probe.json to give the run its config (a Lightning program's
     ``lightning_config``, read by the probe's Lightning hooks; ``env`` the probe sets for the run)."""
-    program_launcher: tuple[str, ...] = ()
-    """The options of the program's own launcher (``accelerate launch``), which then starts the
-    ranks instead of DeepSpeed's per-node launcher; empty: DeepSpeed's."""
+    program_launcher: ProgramLauncher | None = None
+    """The program's own launcher, which then starts the ranks instead of DeepSpeed's per-node
+    launcher (a target's, see Target.program_launcher); None: DeepSpeed's."""
 
     def probe_spec(self, trial_dir: Path) -> dict[str, Any]:
         """What zerotune.probe reads in each rank (probe.json): the script, its arguments and
@@ -107,7 +119,7 @@ class Launcher(abc.ABC):
         reachable); raise a ZerotuneError that says what to fix."""
 
     def run_program(
-        self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str], program: tuple[str, ...] = ()
+        self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str], program: ProgramLauncher | None = None
     ) -> int:
         """Start the probe in ``run`` mode (the user's real training) on every rank of the
         trials' topology, output to this terminal; wait for it and return its exit status."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..store import write_atomic, write_json
 from ..trial import TrialResult, TrialState
-from ._base import TrialJob
+from ._base import ProgramLauncher, TrialJob
 from ._collect import port_in_use
 from ._leftovers import note_port, remove_shm_buffers
 from ._process import ProcessGroup, free_port, ranks_argv, trial_env
@@ -229,7 +229,7 @@ class LocalLauncher(SupervisingLauncher):
             spawner.shutdown(wait=True)
 
     def run_program(
-        self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str], program: tuple[str, ...] = ()
+        self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str], program: ProgramLauncher | None = None
     ) -> int:
         env = trial_env(num_gpus, self.device, {**extra_env, "ZEROTUNE_PROBE": str(probe_spec.resolve())})
         port = free_port()

@@ -19,7 +19,7 @@ from pathlib import Path
 from .._errors import LaunchError
 from ..store import write_atomic
 from ..trial import TrialResult
-from ._base import TrialJob
+from ._base import ProgramLauncher, TrialJob
 from ._hosts import Host
 from ._leftovers import RESULTS_ENV, TUNER_PID, remove_shm_buffers
 from ._process import FIGURE_ENV, ProcessGroup, free_port, trial_env
@@ -152,9 +152,9 @@ class MultiNodeLauncher(SupervisingLauncher):
         return groups
 
     def run_program(
-        self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str], program: tuple[str, ...] = ()
+        self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str], program: ProgramLauncher | None = None
     ) -> int:
-        assert not program, "a program's own launcher runs on one node (its target refuses several)"
+        assert program is None, "a program's own launcher runs on one node (its target refuses several)"
         d = probe_spec.resolve().parent / "run"
         d.mkdir(exist_ok=True)
         env = trial_env(num_gpus, self.device, {**extra_env, "ZEROTUNE_PROBE": str(probe_spec.resolve())})

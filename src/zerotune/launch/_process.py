@@ -11,10 +11,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .._proc import die_with_parent
+
+if TYPE_CHECKING:
+    from ._base import ProgramLauncher
 
 
 def free_port() -> int:
@@ -76,13 +79,13 @@ def launcher_argv(num_gpus: int, port: int, devices: list[int] | None = None) ->
     ]
 
 
-def ranks_argv(program: Sequence[str], num_gpus: int, port: int, devices: list[int] | None = None) -> list[str]:
-    """The command that starts a run's ranks on this node: DeepSpeed's per-node launcher, or
-    where ``program`` holds the options of the program's own launcher, Accelerate's."""
-    if program:
-        from ._accelerate import accelerate_argv
-
-        return accelerate_argv(program, num_gpus, port, devices)
+def ranks_argv(
+    program: ProgramLauncher | None, num_gpus: int, port: int, devices: list[int] | None = None
+) -> list[str]:
+    """The command that starts a run's ranks on this node: DeepSpeed's per-node launcher, or the
+    program's own launcher (a target's)."""
+    if program is not None:
+        return program.argv(num_gpus, port, devices)
     return launcher_argv(num_gpus, port, devices)
 
 

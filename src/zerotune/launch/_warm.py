@@ -89,7 +89,7 @@ def signature(job: TrialJob, env: dict[str, str]) -> str:
             job.num_gpus,
             list(slot.devices) if slot else None,
             bool(slot and slot.pinned),
-            list(job.program_launcher),
+            repr(job.program_launcher),  # a dataclass's repr: equal launchers, equal text
             sorted((k, v) for k, v in env.items() if k not in ("ZEROTUNE_PROBE",)),
         ]
     )
