@@ -7,8 +7,10 @@ import pytest
 
 from fakes import FakeLauncher, FakeMachine
 from zerotune import Autotuner, ConfigError
+from zerotune.command import UserCommand
 from zerotune.lightning_job import (
     LightningJob,
+    LightningTarget,
     is_tuned_config,
     lightning_form,
     looks_like_lightning,
@@ -85,10 +87,11 @@ def lightning_tuner(tmp_path, gpu_node):
     def make(**kw):
         j = job(fingerprint="abc123", cache_dir=str(tmp_path / "cache"), **kw.pop("job", {}))
         launcher = FakeLauncher(FakeMachine())
+        command = [str(script), "--epochs", "3"]
         tuner = Autotuner(
-            [str(script), "--epochs", "3"],
+            command,
             num_gpus=kw.pop("num_gpus", None),
-            lightning=j,
+            target=LightningTarget(command=UserCommand.parse(command), job=j),
             memory_per_device="8GiB",
             launcher=launcher,
             node=gpu_node,

@@ -15,16 +15,14 @@ from .targets import ScriptTarget, Target
 def detect(
     command: list[str] | Callable[[dict[str, Any]], Any],
     ds_config: Any,
-    lightning: Any,
     *,
     inspect_dir: Path,
     env: dict[str, str],
 ) -> Target:
     """The target of ``command`` (the user's words, or a function ``train(ds_config)``): an
-    ``accelerate launch ...`` command; the Lightning program described by ``lightning``; a
-    Lightning script found by running it up to ``trainer.fit`` (when no ds_config is given), in
-    ``inspect_dir`` with ``env``; a Hugging Face Trainer script (read from its source); else a
-    script or a function."""
+    ``accelerate launch ...`` command; a Lightning script found by running it up to
+    ``trainer.fit`` (when no ds_config is given), in ``inspect_dir`` with ``env``; a Hugging Face
+    Trainer script (read from its source); else a script or a function."""
     from .accelerate_job import AccelerateLaunch, AccelerateTarget, is_accelerate_launch
     from .hf_trainer import HfTrainerTarget, looks_like_hf_trainer
     from .lightning_job import LightningTarget, inspect_script, looks_like_lightning
@@ -35,10 +33,8 @@ def detect(
         launch = AccelerateLaunch.split(command)  # `accelerate launch [options] script.py ...`
         return AccelerateTarget(command=UserCommand.parse(list(launch.script_command)), launch=launch)
     user = UserCommand.parse(command)
-    if lightning is None and ds_config is None and user.config_path() is None and looks_like_lightning(user.script):
-        lightning = inspect_script(user.script, list(user.args), inspect_dir, env)
-    if lightning is not None:
-        return LightningTarget(command=user, job=lightning)
+    if ds_config is None and user.config_path() is None and looks_like_lightning(user.script):
+        return LightningTarget(command=user, job=inspect_script(user.script, list(user.args), inspect_dir, env))
     if looks_like_hf_trainer(user.script):
         return HfTrainerTarget(command=user)
     return ScriptTarget(command=user)

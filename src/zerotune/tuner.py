@@ -70,8 +70,9 @@ class Autotuner:
         searcher: A :class:`~zerotune.search.Searcher` in place of the micro-batch search and
             the phases after it.
         launcher, node: How trials start and what machine this is (default: found).
-        lightning: A :class:`~zerotune.lightning_job.LightningJob` makes the target a Lightning
-            program (a script without a ds_config that imports Lightning is found to be one).
+        target: What is tuned, where a face built it (the Lightning strategy's program); default:
+            found from ``command`` (:func:`zerotune.target_detection.detect`; a script without a
+            ds_config that imports Lightning is found to be a Lightning program).
         hostfile, include, exclude, multinode_launcher, master_addr: Multi-node trials, with
             DeepSpeed's runner options of the same names.
         on_event: Receives a :class:`TuningEvent` for each step of progress; the core never
@@ -97,7 +98,7 @@ class Autotuner:
         max_measure_seconds: float | None = None,
         overwrite: bool | None = None,
         node: hardware.Node | None = None,
-        lightning: Any = None,
+        target: Target | None = None,
         offload: bool | None = None,
         stall_timeout: float | None = None,
         max_concurrent_trials: int | None = None,
@@ -128,10 +129,9 @@ class Autotuner:
             master_addr=master_addr,
         )
         check_counts(num_gpus, num_nodes)  # before anything runs the script
-        self.target: Target = detect(
+        self.target: Target = target or detect(
             command,
             ds_config,
-            lightning,
             inspect_dir=expand(results_dir or "autotuning_results") / "_inspect",
             env=trial_env(1, self.node.device),
         )

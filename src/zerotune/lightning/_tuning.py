@@ -15,7 +15,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .._errors import ConfigError, ZerotuneError
-from ..lightning_job import LightningJob, default_cache_dir, read_cache
+from ..command import UserCommand
+from ..lightning_job import LightningJob, LightningTarget, default_cache_dir, read_cache
 
 
 @dataclass(kw_only=True)
@@ -134,11 +135,12 @@ class Tuning:
                 f"  [dim]micro-batch fixed at the DataLoader's {job.batch_size}: no batch_size "
                 "attribute to change it through[/]"
             )
+        command = [script, *sys.argv[1:]]
         tuner = Autotuner(
-            [script, *sys.argv[1:]],
+            command,
             ds_config=job.tuning_config(),
             num_gpus=job.world_size,
-            lightning=job,
+            target=LightningTarget(command=UserCommand.parse(command), job=job),
             results_dir=Path(job.cache_dir) / job.fingerprint,
             time_budget=self.time_budget,
             memory_per_device=self.memory_per_device,
