@@ -191,7 +191,7 @@ def test_the_first_rank_to_die_names_the_cause(tmp_path):
 def test_retiring_warm_processes_ends_them_and_their_buffers_before_a_write_that_can_fail(tmp_path, monkeypatch):
     from zerotune import ZerotuneError
     from zerotune.launch import _local
-    from zerotune.launch._warm import WarmGroup
+    from zerotune.launch._warm_pool import WarmGroup
 
     done = []
 

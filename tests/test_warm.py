@@ -16,10 +16,10 @@ import pytest
 from zerotune.launch import TrialJob
 from zerotune.launch._local import near_budget
 from zerotune.launch._process import ProcessGroup
-from zerotune.launch._warm import WarmGroup, kind_of, run_in_group, signature
+from zerotune.launch._warm_pool import WarmGroup, kind_of, run_in_group, signature
 from zerotune.probe._memory import current_rss, peak_rss, reset_peak
 from zerotune.probe._sandbox import TrialSandbox, clear_deepspeed_caches, lru_cache_in
-from zerotune.probe._warm import LeakCheck, process_counts
+from zerotune.probe._serve import LeakCheck, process_counts
 from zerotune.settings import MeasureSettings
 from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
 
@@ -469,7 +469,7 @@ def test_teardown_collects_until_the_engine_is_gone_and_no_further(tmp_path, mon
     import types
     import weakref
 
-    from zerotune.probe import _warm as probe_warm
+    from zerotune.probe import _serve as probe_warm
 
     class Engine:
         def destroy(self):

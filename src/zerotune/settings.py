@@ -33,7 +33,7 @@ class MeasureSettings:
     max_steps: int = 60
     """Timed steps a trial (or a re-measurement) takes at most, whatever its time cap."""
     max_warmup_steps: int = 10
-    """Steps warm-up may take at most before timing starts, settled or not (see probe._warmup)."""
+    """Steps warm-up may take at most before timing starts, settled or not (see probe._settled)."""
     remeasure_seconds: float = 5.0
     """A re-measurement's window: the configurations within noise of the best are measured
     again, interleaved, each for about this long (once it has a trial's fewest timed steps; at

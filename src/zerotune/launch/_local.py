@@ -17,7 +17,7 @@ from ._leftovers import note_port, remove_shm_buffers
 from ._process import ProcessGroup, free_port, ranks_argv, trial_env
 from ._slots import visible_gpus
 from ._supervise import SupervisingLauncher, clear_rank_files
-from ._warm import WarmGroup, run_in_group, signature, started_as_text
+from ._warm_pool import WarmGroup, run_in_group, signature, started_as_text
 
 PORT_ATTEMPTS = 3
 WARM_CAP = 24
@@ -30,7 +30,7 @@ a warm CPU peak reads high (memory the process kept from earlier trials)."""
 
 class LocalLauncher(SupervisingLauncher):
     """Trials on this node, each in its slot (the tuner runs one per slot at a time). A job with
-    ``warm`` set runs in the slot's warm processes (started by the first such trial), see _warm."""
+    ``warm`` set runs in the slot's warm processes (started by the first such trial), see _warm_pool."""
 
     def __init__(self, *, device: str, warm_cap: int = WARM_CAP):
         super().__init__(device=device)

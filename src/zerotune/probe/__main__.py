@@ -35,7 +35,7 @@ def main() -> None:
 
         run_watched(Path(spec["pool"] if mode == "serve" else spec["out_dir"]), rank)  # returns in the rank
     if mode == "serve":
-        from ._warm import serve
+        from ._serve import serve
 
         serve(Path(spec["pool"]), rank, local_rank)
     if mode == "measure":

@@ -27,7 +27,7 @@ from ..step_stats import (
 from ..store import write_json
 from ._history import ProcessHistory, zero_setup
 from ._memory import MemoryReader, minor_faults
-from ._warmup import settled_at
+from ._settled import settled_at
 
 
 def count_params(engine) -> int:
