@@ -88,7 +88,7 @@ def run_trial(cfg: dict, name: str, out: Path, args):
         budget=None,
         warmup_steps=2,
         min_steps=3,
-        measure=MeasureSettings(max_seconds=3.0, precision=0.5),
+        measure=MeasureSettings(max_measure_seconds=3.0, precision=0.5),
     )
     result = LocalLauncher(device="cpu").run(job)
     if result.state is not TrialState.OK:

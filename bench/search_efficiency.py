@@ -71,7 +71,7 @@ def measure(spec, out: Path, args) -> dict:
         budget=None,
         warmup_steps=2,
         min_steps=3,
-        measure=MeasureSettings(max_seconds=args.max_seconds, precision=args.precision),
+        measure=MeasureSettings(max_measure_seconds=args.max_seconds, precision=args.precision),
     )
     r = LocalLauncher(device="cpu").run(job)
     m = r.measurement

@@ -188,7 +188,7 @@ def measure(cfg: dict, name: str, out: Path, args):
         budget=None,
         warmup_steps=3,
         min_steps=5,
-        measure=MeasureSettings(max_seconds=30.0, precision=0.02),
+        measure=MeasureSettings(max_measure_seconds=30.0, precision=0.02),
     )
     result = LocalLauncher(device="cpu").run(job)
     if result.state is not TrialState.OK:

@@ -69,7 +69,7 @@ def job(out: Path, name: str, stage: int, args, *, warm: bool, max_seconds: floa
         min_steps=3,
         config=cfg,
         warm=warm,
-        measure=MeasureSettings(max_seconds=max_seconds, precision=precision),
+        measure=MeasureSettings(max_measure_seconds=max_seconds, precision=precision),
     )
 
 
@@ -198,7 +198,7 @@ def compare_choices(out: Path, args, cold_best: str, warm_best: str, rounds: int
                 warmup_steps=2,
                 min_steps=3,
                 config=cfg,
-                measure=MeasureSettings(max_seconds=10, precision=0.03),
+                measure=MeasureSettings(max_measure_seconds=10, precision=0.03),
             )
             runs[name].append(check(launcher.run(job)).measurement.throughput)
             print(f"  round {r + 1}: {name} {runs[name][-1]:.2f} samples/s", flush=True)

@@ -327,7 +327,7 @@ def test_a_tie_is_settled_by_measuring_on_rather_than_by_a_second_round(tuner_fa
     spec = job.probe_spec(job.trial_dir)  # what the probe reads (probe.json)
     assert spec["settle"] == job.settle and "max_seconds" not in job.settle
     # One cap, the trial's, and the window before it: each read in one place by the probe.
-    assert spec["max_seconds"] == tuner.measure.max_seconds == 10.0 and spec["window_seconds"] == 5.0
+    assert spec["max_seconds"] == tuner.measure.max_measure_seconds == 10.0 and spec["window_seconds"] == 5.0
     remeasured = result.confirmed["z1_mb8_gas4"]
     assert remeasured.measurement.steps_measured > 10  # past its window's steps
     assert (

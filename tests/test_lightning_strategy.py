@@ -169,11 +169,12 @@ def test_strategy_options_of_the_wrong_type_are_named(option, value):
 
 
 def test_strategy_measurement_options_are_the_api_s_and_checked_at_once():
-    strategy = AutotuneDeepSpeedStrategy(precision=0.05, max_measure_seconds=6.0, stall_timeout=60.0)
-    assert (strategy.tuning.precision, strategy.tuning.max_measure_seconds, strategy.tuning.stall_timeout) == (
-        0.05,
-        6.0,
-        60.0,
-    )
+    strategy = AutotuneDeepSpeedStrategy(precision=0.05, max_measure_seconds=6.0, stall_timeout=60.0, max_steps=30)
+    assert strategy.tuning.measure == {
+        "precision": 0.05,
+        "max_measure_seconds": 6.0,
+        "stall_timeout": 60.0,
+        "max_steps": 30,
+    }
     with pytest.raises(ConfigError, match="precision"):
         AutotuneDeepSpeedStrategy(precision=2.0)

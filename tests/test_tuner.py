@@ -200,11 +200,45 @@ def test_the_time_budget_has_one_name_and_the_old_one_warns(tuner_factory):
         tuner_factory(budget="20m", time_budget="10m")
 
 
-def test_the_measurement_time_cap_is_an_option_of_every_face(tuner_factory):
-    from zerotune.cli_parsers import tune_parser
+POLICY = {
+    "max_measure_seconds": 6.0,
+    "remeasure_seconds": 3.0,
+    "remeasure_rounds": 1,
+    "max_steps": 20,
+    "max_warmup_steps": 4,
+    "precision": 0.05,
+    "trial_timeout": 300.0,
+    "stall_timeout": 60.0,
+}
+"""One value for each field of the measurement policy, under the name every face gives it."""
 
-    assert tune_parser("tune").parse_args(["--max-measure-seconds", "6"]).max_measure_seconds == 6.0
-    tuner = tuner_factory(max_measure_seconds=6.0)
+
+def test_the_measurement_policy_has_the_same_names_on_every_face(tuner_factory):
+    import inspect
+
+    from zerotune.cli_parsers import tune_parser
+    from zerotune.settings import MeasureSettings
+
+    argv = [x for name, value in POLICY.items() for x in ("--" + name.replace("_", "-"), str(value))]
+    parsed = vars(tune_parser("tune").parse_args(argv))
+    assert {name: parsed[name] for name in POLICY} == POLICY  # the CLI
+    pytest.importorskip("lightning")
+    from zerotune.lightning import AutotuneDeepSpeedStrategy
+
+    assert set(POLICY) <= set(inspect.signature(AutotuneDeepSpeedStrategy.__init__).parameters)  # the strategy
+    assert AutotuneDeepSpeedStrategy(**POLICY).tuning.measure == POLICY
+    from fakes import FakeMachine
+
+    tuner = tuner_factory(  # the Python API; two stages within noise, so that they are measured again
+        machine=FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05),
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        **POLICY,
+    )
+    assert tuner.measure == MeasureSettings(**POLICY)
     tuner.tune()
     trials = [j for j in tuner.launcher.jobs if j.window_seconds is None]
-    assert trials and all(j.probe_spec(j.trial_dir)["max_seconds"] == 6.0 for j in trials)
+    spec = trials[0].probe_spec(trials[0].trial_dir)
+    assert (spec["max_seconds"], spec["max_steps"], spec["max_warmup"], spec["rel_ci"]) == (6.0, 20, 4, 0.05)
+    confirms = [j for j in tuner.launcher.jobs if j.window_seconds is not None]
+    assert confirms and all(j.window_seconds == 3.0 for j in confirms)
+    assert all(j.trial_dir.name == "confirm1" for j in confirms)  # one round at most

@@ -122,7 +122,36 @@ def tune_parser(name: str) -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="measure a trial for at most this many seconds of timed steps (default "
-        f"{MEASURE_DEFAULTS.max_seconds:.0f})",
+        f"{MEASURE_DEFAULTS.max_measure_seconds:.0f})",
+    )
+    p.add_argument(
+        "--remeasure-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="measure each configuration within noise of the best again, interleaved, for about this long "
+        f"(default {MEASURE_DEFAULTS.remeasure_seconds:.0f})",
+    )
+    p.add_argument(
+        "--remeasure-rounds",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"rounds of re-measurement at most (default {MEASURE_DEFAULTS.remeasure_rounds})",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"timed steps a trial takes at most (default {MEASURE_DEFAULTS.max_steps})",
+    )
+    p.add_argument(
+        "--max-warmup-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"steps warm-up takes at most before timing starts (default {MEASURE_DEFAULTS.max_warmup_steps})",
     )
     p.add_argument(
         "--precision",
@@ -180,6 +209,10 @@ _VALUE_OPTIONS = {
     "--stall-timeout",
     "--precision",
     "--max-measure-seconds",
+    "--remeasure-seconds",
+    "--remeasure-rounds",
+    "--max-steps",
+    "--max-warmup-steps",
     "--max-concurrent-trials",
     "--log-format",
     "--tensorboard",

@@ -16,7 +16,7 @@ class MeasureSettings:
 
     precision: float = 0.03
     """Stop measuring once the 95% interval of the mean step time is within this fraction of it."""
-    max_seconds: float = 10.0
+    max_measure_seconds: float = 10.0
     """Measure at most this long (then the trial is marked capped, its interval as measured; it
     ends before a step that, at its mean step time so far, would end past it), once it has the
     fewest timed steps a trial may settle on (end_profile_step -
@@ -37,13 +37,13 @@ class MeasureSettings:
     remeasure_seconds: float = 5.0
     """A re-measurement's window: the configurations within noise of the best are measured
     again, interleaved, each for about this long (once it has a trial's fewest timed steps; at
-    most ``max_seconds``); one whose comparison with the leader more of its steps can still
-    settle measures on, up to ``max_seconds`` (see confirm.settle_target)."""
+    most ``max_measure_seconds``); one whose comparison with the leader more of its steps can still
+    settle measures on, up to ``max_measure_seconds`` (see confirm.settle_target)."""
 
     @property
     def window_seconds(self) -> float:
         """The re-measurement window as measured: never past the cap of every measurement."""
-        return min(self.remeasure_seconds, self.max_seconds)
+        return min(self.remeasure_seconds, self.max_measure_seconds)
 
     remeasure_rounds: int = 2
     """Rounds of re-measurement at most: a second runs only where the first left the choice open."""
@@ -53,7 +53,7 @@ class MeasureSettings:
             raise ConfigError(
                 f"precision (--precision) {self.precision!r} must be a fraction between 0 and 1, e.g. 0.03"
             )
-        for name in ("max_seconds", "trial_timeout", "stall_timeout", "remeasure_seconds"):
+        for name in ("max_measure_seconds", "trial_timeout", "stall_timeout", "remeasure_seconds"):
             option = "--" + name.replace("_", "-")
             object.__setattr__(self, name, positive_seconds(getattr(self, name), f"{name} ({option})"))
         for name, low, high in (
@@ -63,10 +63,11 @@ class MeasureSettings:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-                raise ConfigError(f"{name} {value!r} must be a whole number from {low} to {high}")
+                option = "--" + name.replace("_", "-")
+                raise ConfigError(f"{name} ({option}) {value!r} must be a whole number from {low} to {high}")
 
     @classmethod
-    def of(cls, **given: float | None) -> MeasureSettings:
+    def of(cls, **given: float | int | None) -> MeasureSettings:
         """Settings from keyword values where None means the default (the faces' optional options)."""
         return cls(**{k: v for k, v in given.items() if v is not None})
 

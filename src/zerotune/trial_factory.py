@@ -115,7 +115,7 @@ class TrialFactory:
             env=self.cluster.run_env(),
             measure={
                 "precision": self.measure.precision,
-                "max_seconds": self.measure.max_seconds,
+                "max_seconds": self.measure.max_measure_seconds,
                 "max_steps": self.measure.max_steps,
                 "max_warmup": self.measure.max_warmup_steps,
                 "start_profile_step": at.start_profile_step,

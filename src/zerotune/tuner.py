@@ -54,11 +54,15 @@ class Autotuner:
             folder that is not zerotune's is refused.
         time_budget: Wall-clock seconds (or "20m") after which no trial starts (``budget``, its
             older name, still works and warns).
-        trial_timeout, stall_timeout, precision, max_measure_seconds: The measurement policy
-            (:class:`~zerotune.settings.MeasureSettings`): a trial ends after ``trial_timeout``
-            seconds in all, or ``stall_timeout`` seconds without a step on any rank; it stops
-            measuring once its 95% interval is within ``precision``, or at
-            ``max_measure_seconds`` of timed steps.
+        trial_timeout, stall_timeout, precision, max_measure_seconds, remeasure_seconds,
+            remeasure_rounds, max_steps, max_warmup_steps: The measurement policy
+            (:class:`~zerotune.settings.MeasureSettings`, the same names on the CLI and the
+            Lightning strategy; None: its default): a trial ends after ``trial_timeout`` seconds
+            in all, or ``stall_timeout`` seconds without a step on any rank; it stops measuring
+            once its 95% interval is within ``precision``, or at ``max_measure_seconds`` of
+            timed steps or ``max_steps`` steps; warm-up takes at most ``max_warmup_steps``; the
+            configurations within noise of the best are measured again, interleaved, for
+            ``remeasure_seconds`` each, in at most ``remeasure_rounds`` rounds.
         max_concurrent_trials: Trials at once, each on its own GPUs (default: devices //
             num_gpus; one at a time on CPU).
         warm_trials: False starts every trial in processes of its own (default: the autotuning
@@ -96,6 +100,10 @@ class Autotuner:
         trial_timeout: float | None = None,
         precision: float | None = None,
         max_measure_seconds: float | None = None,
+        remeasure_seconds: float | None = None,
+        remeasure_rounds: int | None = None,
+        max_steps: int | None = None,
+        max_warmup_steps: int | None = None,
         overwrite: bool | None = None,
         node: hardware.Node | None = None,
         target: Target | None = None,
@@ -114,7 +122,11 @@ class Autotuner:
         self.node = node or hardware.detect()
         self.measure = MeasureSettings.of(
             precision=precision,
-            max_seconds=max_measure_seconds,
+            max_measure_seconds=max_measure_seconds,
+            remeasure_seconds=remeasure_seconds,
+            remeasure_rounds=remeasure_rounds,
+            max_steps=max_steps,
+            max_warmup_steps=max_warmup_steps,
             trial_timeout=trial_timeout,
             stall_timeout=stall_timeout,
         )

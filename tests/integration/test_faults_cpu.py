@@ -37,7 +37,7 @@ def run_fault(tmp_path, fault):
         budget=None,
         warmup_steps=1,
         min_steps=3,
-        measure=MeasureSettings(max_seconds=3.0, precision=0.5, trial_timeout=900, stall_timeout=5.0),
+        measure=MeasureSettings(max_measure_seconds=3.0, precision=0.5, trial_timeout=900, stall_timeout=5.0),
     )
     start = time.monotonic()
     result = LocalLauncher(device="cpu").run(job)

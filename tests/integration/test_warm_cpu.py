@@ -46,7 +46,7 @@ def job(tmp_path, name, stage, args, *, warm=True, max_seconds=2.0, adaptive=Fal
         config=cfg,
         warm=warm,
         adaptive_warmup=adaptive,
-        measure=MeasureSettings(max_seconds=max_seconds, precision=0.5, trial_timeout=600, stall_timeout=120),
+        measure=MeasureSettings(max_measure_seconds=max_seconds, precision=0.5, trial_timeout=600, stall_timeout=120),
     )
 
 

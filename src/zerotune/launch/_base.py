@@ -53,7 +53,7 @@ class TrialJob:
     settle: dict[str, Any] | None = None
     """A re-measurement's comparison to answer (see confirm.settle_target): it measures on past
     its window until the choice between it and the candidate leading so far is settled, while
-    more of its steps can settle it, up to the time cap (measure.max_seconds). Keys:
+    more of its steps can settle it, up to the time cap (measure.max_measure_seconds). Keys:
     ``maximize``, the leader's ``value``, ``ci``, ``rel_se``, ``df`` (None: exact), ``scale``
     (metric x step time of this config; None for latency), ``margin``."""
     env: dict[str, str] = field(default_factory=dict)
@@ -92,7 +92,7 @@ class TrialJob:
             "min_steps": self.min_steps,
             "max_steps": self.measure.max_steps,
             "max_warmup": self.measure.max_warmup_steps,
-            "max_seconds": self.measure.max_seconds,
+            "max_seconds": self.measure.max_measure_seconds,
             "window_seconds": self.window_seconds,
             "rel_ci": self.measure.precision,
             "to_beat": self.to_beat,

@@ -49,9 +49,11 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
         metric: "throughput" (default), "latency" or "flops".
         global_batch: Samples per optimizer step to keep fixed (default: the script's
             ``batch_size`` x ``accumulate_grad_batches`` x processes).
-        time_budget, max_trials, memory_per_device, trial_timeout, stall_timeout, precision,
-            max_measure_seconds: The same names and meanings as the Python API's
-            (:class:`zerotune.Autotuner`) and the CLI's options.
+        time_budget, max_trials, memory_per_device: The same names and meanings as the Python
+            API's (:class:`zerotune.Autotuner`) and the CLI's options.
+        trial_timeout, stall_timeout, precision, max_measure_seconds, remeasure_seconds,
+            remeasure_rounds, max_steps, max_warmup_steps: The measurement policy, under the
+            Python API's and the CLI's names (None: its default).
         cache_dir: Where results are kept (default ``$ZEROTUNE_CACHE_DIR``, else
             ``~/.cache/zerotune/lightning``).
         retune: Tune again even when a result is cached.
@@ -75,6 +77,10 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
         stall_timeout: float | None = None,
         precision: float | None = None,
         max_measure_seconds: float | None = None,
+        remeasure_seconds: float | None = None,
+        remeasure_rounds: int | None = None,
+        max_steps: int | None = None,
+        max_warmup_steps: int | None = None,
         cache_dir: str | Path | None = None,
         retune: bool = False,
         **kwargs: Any,
@@ -92,10 +98,20 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
             time_budget=time_budget,
             max_trials=max_trials,
             memory_per_device=memory_per_device,
-            trial_timeout=trial_timeout,
-            stall_timeout=stall_timeout,
-            precision=precision,
-            max_measure_seconds=max_measure_seconds,
+            measure={
+                name: value
+                for name, value in (
+                    ("trial_timeout", trial_timeout),
+                    ("stall_timeout", stall_timeout),
+                    ("precision", precision),
+                    ("max_measure_seconds", max_measure_seconds),
+                    ("remeasure_seconds", remeasure_seconds),
+                    ("remeasure_rounds", remeasure_rounds),
+                    ("max_steps", max_steps),
+                    ("max_warmup_steps", max_warmup_steps),
+                )
+                if value is not None
+            },
             cache_dir=cache_dir,
             retune=retune,
             user_config=user_config,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +31,9 @@ class Tuning:
     time_budget: float | str | None = None
     max_trials: int | None = None
     memory_per_device: int | str | None = None
-    trial_timeout: float | None = None
-    """None: MeasureSettings' default (so are the three below)."""
-    stall_timeout: float | None = None
-    precision: float | None = None
-    max_measure_seconds: float | None = None
+    measure: dict[str, Any] = field(default_factory=dict)
+    """The measurement policy's options given, under the Python API's names (MeasureSettings';
+    the others keep their defaults)."""
     cache_dir: str | Path | None = None
     retune: bool = False
     user_config: bool = False
@@ -51,12 +49,7 @@ class Tuning:
             raise ConfigError(f"global_batch must be a positive number of samples, not {self.global_batch}")
         from ..settings import MeasureSettings
 
-        MeasureSettings.of(
-            trial_timeout=self.trial_timeout,
-            stall_timeout=self.stall_timeout,  # checked now, not at fit
-            precision=self.precision,
-            max_seconds=self.max_measure_seconds,
-        )
+        MeasureSettings.of(**self.measure)  # checked now, not at fit
 
     @staticmethod
     def in_trial() -> bool:
@@ -144,10 +137,7 @@ class Tuning:
             results_dir=Path(job.cache_dir) / job.fingerprint,
             time_budget=self.time_budget,
             memory_per_device=self.memory_per_device,
-            trial_timeout=self.trial_timeout,
-            stall_timeout=self.stall_timeout,
-            precision=self.precision,
-            max_measure_seconds=self.max_measure_seconds,
+            **self.measure,
             overwrite=True if self.retune else None,
             on_event=printer,
             offload=job.offload,
