@@ -12,7 +12,7 @@ STAGES = {"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gp
 
 
 def noisy_lead(capped: set[int], again_speed: dict[int, float] | None = None) -> DriftingLauncher:
-    """Stage 1 runs first and reads 10% ahead on a wide (11%) interval, as run 29-3's cold first
+    """Stage 1 runs first and reads 10% ahead on a wide (11%) interval, as a capped cold first
     trial did; stage 2, measured tightly, is stopped early against it after two steps, its figure
     inside stage 1's interval. Measured again side by side, stage 2 is the
     faster (the machine was slower through its window), unless ``again_speed`` says otherwise."""
@@ -96,7 +96,7 @@ def test_only_the_best_loser_stopped_early_joins_and_only_where_there_is_room():
     behind = trial(2, 20.0, 0.02, lost_to=27.4)
     assert candidates(choose_best([lead, behind], "throughput"), [lead, behind], "throughput").group == [lead]
     # Within noise two-sided through its own wide two-step interval, but outside the lead's own
-    # (run 31-1: 30.1 against 32.0 ± 1.6): the lead's figure alone tells them apart.
+    # (30.1 against 32.0 ± 1.6): the lead's figure alone tells them apart.
     wide = trial(2, 23.9, 0.2, lost_to=27.4)
     assert within_noise("throughput", wide, lead) and abs(27.4 - 23.9) > lead.metric_ci("throughput")
     assert candidates(choose_best([lead, wide], "throughput"), [lead, wide], "throughput").group == [lead]
@@ -155,7 +155,7 @@ def test_a_loser_stopped_against_a_figure_from_trials_before_joins_within_the_dr
         lead
     ]
     # Further behind than the drift allowance, it stays out: here stage 2 (11% behind) and a
-    # micro-batch 16 at 9.2% (run 34c-1's stage 2, measured again 10.3% slower); stage 1, 6.2%
+    # micro-batch 16 at 9.2% (side by side as far behind); stage 1, 6.2%
     # behind with two trials before it, joins.
     far = TrialResult(
         spec=TrialSpec(stage=0, micro_batch=16),

@@ -263,7 +263,7 @@ def test_settled_at_waits_while_steps_keep_getting_faster():
     assert settled_at(clock([2.5] + steps)[1:]) == 3  # timed from the 1.484 s step
     assert settled_at(clock([2.0, 1.3, 1.2, 1.1, 1.0, 1.0])[1:]) == 4  # a ramp of 8-10% drops
     assert settled_at(clock([2.0, 1.0, 1.12, 1.0])[1:]) == 1  # slower again: noise, not warm-up
-    # One noisy step among settled ones (run 31-2's z2_mb32_gas1): timed from the 2.80 s step,
+    # One noisy step among settled ones (z2_mb32_gas1 in a noisy hour): timed from the 2.80 s step,
     # where two consecutive steps agreeing first at 2.54 s kept five steps as warm-up.
     assert settled_at(clock([4.0, 3.29, 2.80, 2.44, 3.08, 2.81, 2.54, 2.61])[1:8]) == 2
 

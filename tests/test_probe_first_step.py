@@ -79,7 +79,7 @@ def test_a_step_1_to_profile_warms_up(probe_factory, tmp_path):
 
 
 def test_step_1_that_needed_new_memory_warms_up_and_so_may_step_2(probe_factory, tmp_path):
-    # The first trial at a larger micro-batch (measured at stop 36): steps of 2.14 and 2.14 s, then 1.8 s.
+    # The first trial at a larger micro-batch: steps of 2.14 and 2.14 s, then 1.8 s.
     # Timed from step 1 the two equal slow steps look settled; with step 1 warm-up, step 2 is
     # judged against the steps after it, and warms up too.
     probe = warm_probe(probe_factory, tmp_path, [0.0] + clock([2.14, 2.14] + [1.8] * 10, start=5.0), high_water=1)
@@ -89,7 +89,7 @@ def test_step_1_that_needed_new_memory_warms_up_and_so_may_step_2(probe_factory,
 
 
 def test_the_first_trial_of_a_zero_stage_in_the_process_warms_up_step_1_and_its_slow_step_2(probe_factory, tmp_path):
-    # z1_mb32_gas1 after stage 0's trials in run 39-3: 1.97, 2.31, 1.87 s. Timed from step 1 the
+    # z1_mb32_gas1 after stage 0's trials: 1.97, 2.31, 1.87 s. Timed from step 1 the
     # slow step 2 stays in (step 1 looks settled against it); with step 1 warm-up, step 2 is
     # judged against the steps after it and warms up too.
     ticks = [0.0] + clock([1.97, 2.31] + [1.87] * 10, start=5.0)

@@ -111,7 +111,7 @@ def simulate(probe_factory, tmp_path, gap, draws=200):
 
 
 def test_the_tie_stop_saves_steps_and_keeps_what_the_search_decides(probe_factory, tmp_path, monkeypatch):
-    """Seeded simulation at 6% step noise (run 30-2's hour), the same draws with and without the
+    """Seeded simulation at 6% step noise (a noisy hour's), the same draws with and without the
     tie stop. Exact ties: 3.9 steps on average instead of 4.7, and as many candidates of the
     confirmation (90.5% and 89.5%). A config truly 8% faster: as many candidates (66.5%), 4.9
     steps either way, and in 1% of draws cut as a tie where its five steps would have read it

@@ -4,22 +4,19 @@ best trial stopped early against that figure.
 
 An early stop is a one-sided two-sample test of a trial's few steps against the leader's figure
 and its standard error; it assumes each measurement's noise is its steps' own. A machine's drift
-between two windows is not: in one bench run a cold first trial led at 27.4 ± 3.0 samples/s,
-capped at its time limit without settling (±11%), and the next config, stopped early after two
-steps at 25.0 ± 1.8, then led in six of eight interleaved rounds by 2-18%. Against a leader
-that settled the test's answer stands (the interval it compared with is the leader's true
+between two windows is not: a cold first trial capped at its time limit without settling (a
+wide interval) can stop a config early that, measured interleaved, is the faster. Against a
+leader that settled the test's answer stands (the interval it compared with is the leader's true
 one); against one that did not, the loser nearest to it is measured again beside it, which is
 what the interleaved rounds are for. It joins only where its figure lies inside the leader's own
-interval (25.0 inside 27.4 ± 3.0 there) and where it could still be the choice (inside the pick's
+interval and where it could still be the choice (inside the pick's
 interval or within DRIFT of it, see near_pick, when it was stopped against a tie), and only one
 does: a capped leader is common in a noisy hour, and each candidate costs a re-measurement or two.
 
 A settled figure is true of its own window only. Where other trials ran between the leader's and
-the loser's, the machine's drift over that time is in neither interval: in bench run 34b-1,
-``z0_mb16_gas2``, the last trial, was stopped after two steps at 37.5 samples/s against
-``z0_mb32_gas1``'s settled 40.1 ± 1.2 from three trials before, and measured side by side later
-it led in every round, by 6% at the median (the machine was 15-20% slower through the tuning
-than after it). Such a loser joins too where it is within DRIFT of the pick.
+the loser's, the machine's drift over that time is in neither interval (a shared host's speed
+can move 15-20% within minutes), and a loser stopped against a figure from a faster stretch may
+be the faster side by side. Such a loser joins too where it is within DRIFT of the pick.
 """
 
 from __future__ import annotations
@@ -32,11 +29,9 @@ from .trial import TrialResult, TrialState
 MAX_CANDIDATES = 3
 DRIFT = 0.07
 """How far behind the pick a loser stopped early against a figure from trials before may be and
-still join: the decision that drift reversed in run 34b-1 was 6.5% (the host ran 15-20% slower
-through that tuning than minutes after it). Further behind, the re-measurement costs more than
-it finds: in run 34c-1 (under 10%) stage 2 at 9.2% behind joined and measured 10.3% slower side
-by side, and in run 34-3 stage 1 at 9.6% would have joined (its re-measured tie was 10.5% slower
-than the pick)."""
+still join: wide enough for the gaps a drift between windows reverses (about 6%), narrow enough
+that a loser 9-10% behind, which side by side measures as far behind, costs no re-measurement
+(tests/test_confirm_candidates.py holds the cases)."""
 
 
 @dataclass(kw_only=True)
@@ -73,8 +68,8 @@ def candidates(choice: Choice, trials: list[TrialResult], metric: str) -> Candid
 def inside_interval(metric: str, r: TrialResult, against: TrialResult) -> bool:
     """``r``'s figure lies inside the 95% interval of ``against``'s: that figure alone cannot tell
     the two apart, and the early stop that parted them trusted it. Two-sided noise of both (its
-    hypotenuse) let in a loser beyond the leader's interval but inside its own two-step one: in
-    run 31-1, 30.1 samples/s against 32.0 ± 1.6, measured again at 23% slower for nothing."""
+    hypotenuse) would let in a loser beyond the leader's interval but inside its own wide
+    two-step one, which measured again is as far behind."""
     v, lead, ci = r.metric(metric), against.metric(metric), against.metric_ci(metric)
     return v is not None and lead is not None and ci is not None and abs(lead - v) <= ci
 
@@ -82,11 +77,9 @@ def inside_interval(metric: str, r: TrialResult, against: TrialResult) -> bool:
 def near_pick(metric: str, r: TrialResult, pick: TrialResult) -> bool:
     """``r`` could still be the choice: its figure lies inside the pick's interval, or within
     DRIFT of it. An early stop against a tie's unsettled figure is in doubt against that tie, but
-    the choice is the pick's to lose: in run 40-3 ``z0_mb32_gas1``, stopped after two steps at
-    28.3 samples/s against ``z0_mb8_gas4``'s 29.8 ± 1.5 (capped at ±5%), joined 9.3% behind the pick
-    ``z0_mb16_gas2`` at 31.2 ± 1.0, and measured again beside it read 28.1 ± 3.6: 7 s of a 74 s
-    tuning that found nothing. Where the figure it was stopped against is the pick's, inside
-    that interval is inside the pick's (the case the rule is for: 25.0 inside 27.4 ± 3.0)."""
+    the choice is the pick's to lose: a loser far behind the pick would cost a re-measurement that
+    cannot change the choice. Where the figure it was stopped against is the pick's, inside
+    that interval is inside the pick's (the case the rule is for)."""
     return inside_interval(metric, r, pick) or within_drift(metric, r, pick)
 
 

@@ -12,9 +12,9 @@ scaled through its own trial: what a stage costs over another, from its first tr
 
 Each prediction carries the 95% interval its trials' own intervals give it (propagated through
 the fit). An extrapolation amplifies them: from micro-batches 32 and 16 to 8 the prediction is
-3 x tau(16) - 2 x tau(32), so a trial measured at ±29% (one of run 32-1's, three steps in a noisy
-hour) leaves the prediction at 8 open up to 92 samples/s; without its interval the model predicted
-23 there for the config that then measured 31 and was chosen.
+3 x tau(16) - 2 x tau(32), so a trial measured at ±29% (three steps in a noisy hour) leaves the
+prediction at 8 open up to 92 samples/s; without its interval a prediction of 23 could prune a
+config that measures 31 and is the best.
 """
 
 from __future__ import annotations

