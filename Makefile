@@ -49,7 +49,7 @@ demo: setup
 	DS_ACCELERATOR=cpu $(VENV)/bin/zerotune tune --num-gpus 2 --results-dir demo_results \
 		examples/gpt.py --deepspeed_config examples/ds_config.json
 
-LINTED := src tests bench examples
+LINTED := src tests bench examples tools
 
 test: test-setup
 	$(PY) -m ruff check $(LINTED)

@@ -289,7 +289,7 @@ def hostile() -> None:
 
     sys.path.insert(0, str(ROOT / "tests"))
     from hostile import damages, run_cli, tuned_folder
-    from zerotune.report_html import write_report
+    from zerotune.report._html import write_report
 
     tried = tracebacks = escaped = stale = 0
 
@@ -411,7 +411,7 @@ def owned_and_left(tmp: Path, count) -> dict[str, int]:
     from zerotune import Autotuner, NoFeasibleConfigError
     from zerotune.launch._collect import collect
     from zerotune.launch._leftovers import note_port
-    from zerotune.trial import TrialSpec, TrialState
+    from zerotune.trials._trial import TrialSpec, TrialState
 
     found = {"deleted_foreign": 0, "leftover_procs": 0, "leaked_shm": 0, "false_oom": 0}
 

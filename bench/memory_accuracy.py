@@ -53,8 +53,8 @@ def ds_config(stage: int, mb: int, off_opt: str, off_param: str) -> dict:
 
 def run_trial(cfg: dict, name: str, out: Path, args):
     from zerotune.launch import LocalLauncher, TrialJob
-    from zerotune.settings import MeasureSettings
-    from zerotune.trial import TrialSpec, TrialState
+    from zerotune.trials._settings import MeasureSettings
+    from zerotune.trials._trial import TrialSpec, TrialState
 
     d = out / name
     spec = TrialSpec(stage=cfg["zero_optimization"]["stage"], micro_batch=cfg["train_micro_batch_size_per_gpu"])
@@ -132,8 +132,8 @@ def main() -> None:
     args = p.parse_args()
     os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from zerotune.memory import MemoryModel
-    from zerotune.memory_terms import MemorySetup
+    from zerotune.models._memory import MemoryModel
+    from zerotune.models._memory_terms import MemorySetup
 
     mbs = sorted(int(m) for m in args.micro_batches.split(","))
     if len(mbs) < 3:

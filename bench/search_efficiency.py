@@ -44,7 +44,7 @@ SEEDS = (0, 1, 2)
 
 
 def space():
-    from zerotune.space import MICRO_BATCH, Dimension, Space
+    from zerotune.request._space import MICRO_BATCH, Dimension, Space
 
     dims = tuple(Dimension(k, v) for k, v in KNOBS.items()) + (Dimension(MICRO_BATCH, MICRO_BATCHES),)
     return Space(stage=STAGE, dims=dims, global_batch=GLOBAL_BATCH, dp=DP)
@@ -53,8 +53,8 @@ def space():
 def measure(spec, out: Path, args) -> dict:
     """One real trial of ``spec``; returns its row of the table."""
     from zerotune.launch import LocalLauncher, TrialJob
-    from zerotune.settings import MeasureSettings
-    from zerotune.space import trial_config
+    from zerotune.request._space import trial_config
+    from zerotune.trials._settings import MeasureSettings
 
     d = out / spec.name
     shutil.rmtree(d, ignore_errors=True)
@@ -88,7 +88,7 @@ def measure(spec, out: Path, args) -> dict:
 
 def replay(searcher, table: dict[str, dict], target: float) -> int | None:
     """Launched trials until one reaches ``target`` throughput (None: never)."""
-    from zerotune.trial import Measurement, TrialResult, TrialState
+    from zerotune.trials._trial import Measurement, TrialResult, TrialState
 
     launched = 0
     while (s := searcher.suggest()) is not None:

@@ -165,8 +165,8 @@ def describe(cfg: dict) -> str:
 def measure(cfg: dict, name: str, out: Path, args):
     """One independent end-to-end measurement of ``cfg``: a fresh trial, zerotune's probe."""
     from zerotune.launch import LocalLauncher, TrialJob
-    from zerotune.settings import MeasureSettings
-    from zerotune.trial import TrialSpec, TrialState
+    from zerotune.trials._settings import MeasureSettings
+    from zerotune.trials._trial import TrialSpec, TrialState
 
     d = out / "remeasure" / name
     if d.exists():

@@ -41,8 +41,8 @@ BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from zerotune.launch import LocalLauncher, TrialJob  # noqa: E402
-from zerotune.settings import MeasureSettings  # noqa: E402
-from zerotune.trial import TrialResult, TrialSpec, TrialState  # noqa: E402
+from zerotune.trials._settings import MeasureSettings  # noqa: E402
+from zerotune.trials._trial import TrialResult, TrialSpec, TrialState  # noqa: E402
 
 
 def job(out: Path, name: str, stage: int, args, *, warm: bool, max_seconds: float, precision: float) -> TrialJob:

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fakes import FakeLauncher, FakeMachine  # noqa: E402
 from probe_fakes import make_probe_factory  # noqa: E402
-from zerotune.hardware import Node  # noqa: E402
+from zerotune.launch._hardware import Node  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1024**3

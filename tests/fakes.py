@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from zerotune.launch import Launcher, TrialJob
-from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+from zerotune.trials._trial import Measurement, TrialResult, TrialSpec, TrialState
 
 MIB = 1024**2
 TIGHT_MEMORY = "4608MiB"
@@ -61,8 +61,8 @@ class FakeMachine:
     def analytic(cls, num_params: int, overhead: int, dp: int = 2, **kw) -> FakeMachine:
         """A machine whose statics are exactly zerotune's fp32 Adam model states plus an overhead,
         as a real one is to within the model's accuracy."""
-        from zerotune.memory import model_states
-        from zerotune.memory_terms import MemorySetup
+        from zerotune.models._memory import model_states
+        from zerotune.models._memory_terms import MemorySetup
 
         static = {
             s: overhead
@@ -163,7 +163,7 @@ def stopped_early(meas: Measurement, to_beat: dict) -> Measurement:
     ``to_beat`` (a throughput); unchanged where they do not."""
     from dataclasses import replace
 
-    from zerotune.step_stats import slower_beyond, t95_df
+    from zerotune.trials._step_stats import slower_beyond, t95_df
 
     per_sample, rel = meas.step_time_mean / meas.samples_per_step, meas.step_time_ci95 / meas.step_time_mean
     se = per_sample * rel * math.sqrt(meas.steps_measured / 2) / t95_df(meas.steps_measured - 1)
@@ -191,7 +191,7 @@ def measured_until_settled(meas: Measurement, settle: dict, cap: int = 40) -> Me
     steps, its mean where it is), while the steps left before ``cap`` could settle it."""
     from dataclasses import replace
 
-    from zerotune.step_stats import Figure, settle_verdict, t95_df
+    from zerotune.trials._step_stats import Figure, settle_verdict, t95_df
 
     n, rel = meas.steps_measured, meas.step_time_ci95 / meas.step_time_mean
     while n < cap:

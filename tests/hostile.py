@@ -57,7 +57,8 @@ def snapshot(box: Path, results: Path) -> dict[str, float]:
 
 def run_cli(argv: list[str], box: Path, results: Path) -> Outcome:
     """``zerotune argv`` in this process with cwd ``box`` and the fake launcher."""
-    from zerotune import cli, cluster
+    from zerotune import cli
+    from zerotune.launch import _cluster as cluster
 
     before = snapshot(box, results)
     out, err = io.StringIO(), io.StringIO()

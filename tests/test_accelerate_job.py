@@ -11,8 +11,8 @@ yaml = pytest.importorskip("yaml")
 from fakes import FakeLauncher  # noqa: E402
 from zerotune import Autotuner  # noqa: E402
 from zerotune._errors import ConfigError  # noqa: E402
-from zerotune.accelerate_job import AccelerateLaunch, AccelerateTarget, ds_config_of  # noqa: E402
 from zerotune.launch._process import ranks_argv  # noqa: E402
+from zerotune.targets._accelerate import AccelerateLaunch, AccelerateTarget, ds_config_of  # noqa: E402
 
 SCRIPT = """import argparse
 p = argparse.ArgumentParser()
@@ -205,7 +205,7 @@ def test_an_inline_deepspeed_plugin_is_tuned_and_written_as_a_file(project, gpu_
 
 
 def test_the_accelerate_config_is_the_target_s_output_recorded_and_overwritten(project, gpu_node):
-    from zerotune.results_folder import discard, read_record
+    from zerotune.results._folder import discard, read_record
 
     root = project / "r"
     Autotuner(command(), memory_per_device="6GiB", results_dir=root, launcher=FakeLauncher(), node=gpu_node).tune()

@@ -133,7 +133,7 @@ def test_an_impossible_model_size_is_named(box):
 
 def test_a_deep_python_dict_is_a_config_error():
     from zerotune import ConfigError
-    from zerotune.config import load_ds_config
+    from zerotune.request._config import load_ds_config
 
     deep: dict = {}
     node = deep

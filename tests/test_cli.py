@@ -118,7 +118,7 @@ def test_each_command_has_its_own_help_and_there_is_a_version():
 
 
 def test_script_arguments_are_not_parsed_by_zerotune():
-    from zerotune.cli_parsers import split_argv
+    from zerotune.cli._parsers import split_argv
 
     own, cmd = split_argv(["tune", "--num-gpus", "2", "train.py", "--n", "3", "--num-gpus", "9", "--help"])
     assert own == ["tune", "--num-gpus", "2"]

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from zerotune.launch._collect import collect
-from zerotune.step_stats import t95_df
-from zerotune.trial import TrialSpec, TrialState
+from zerotune.trials._step_stats import t95_df
+from zerotune.trials._trial import TrialSpec, TrialState
 
 SPEC = TrialSpec(stage=2, micro_batch=8, grad_accum=1)
 
@@ -106,7 +106,7 @@ def test_an_early_stop_keeps_what_it_lost_to(tmp_path):
 
 
 def test_a_tie_is_kept_and_round_trips(tmp_path):
-    from zerotune.trial import TrialResult
+    from zerotune.trials._trial import TrialResult
 
     rank(tmp_path, 0, tied=True)
     rank(tmp_path, 1)
@@ -174,8 +174,8 @@ def test_sigkill_where_the_kernel_keeps_no_count_is_judged_by_the_peak(tmp_path,
 
 
 def test_a_killed_trial_is_measured_again_and_never_reused(tmp_path):
-    from zerotune.record import Identity, TuningRecord
-    from zerotune.trial import TrialResult
+    from zerotune.results._record import Identity, TuningRecord
+    from zerotune.trials._trial import TrialResult
 
     ident = Identity(code="c", args=[], topology={}, measure={}, env={}, failure={})
     record = TuningRecord(tmp_path, identity=ident, session={})

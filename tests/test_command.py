@@ -1,7 +1,7 @@
 import pytest
 
 from zerotune import ConfigError, LaunchError
-from zerotune.command import UserCommand
+from zerotune.targets._command import UserCommand
 
 
 def cmd(script, *args):

@@ -8,8 +8,8 @@ import pytest
 
 from fakes import FakeLauncher, FakeMachine
 from zerotune import ConfigError
-from zerotune.hardware import Node
 from zerotune.launch import launcher_argv, plan_slots
+from zerotune.launch._hardware import Node
 
 GIB = 1024**3
 

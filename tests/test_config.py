@@ -3,7 +3,7 @@ import json
 import pytest
 
 from zerotune import ConfigError
-from zerotune.config import AutotuningConfig, load_ds_config, parse_request
+from zerotune.request._config import AutotuningConfig, load_ds_config, parse_request
 
 
 def req(cfg, world=2):
@@ -118,7 +118,7 @@ def test_a_null_in_the_micro_batch_list_is_a_clear_error():
     import pytest
 
     from zerotune._errors import ConfigError
-    from zerotune.config import parse_request
+    from zerotune.request._config import parse_request
 
     with pytest.raises(ConfigError, match="holds null"):
         parse_request({"train_micro_batch_size_per_gpu": [None, 1]}, world_size=1)

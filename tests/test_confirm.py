@@ -5,9 +5,9 @@ from dataclasses import replace
 
 from fakes import TIGHT_MEMORY, DriftingLauncher, FakeMachine, confirms_of
 from zerotune import load_results
-from zerotune.confirm import combined
-from zerotune.ranking import within_noise
-from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+from zerotune.results import combined
+from zerotune.trials._ranking import within_noise
+from zerotune.trials._trial import Measurement, TrialResult, TrialSpec, TrialState
 
 
 def test_ties_are_measured_again_interleaved_and_the_choice_made_on_those(tuner_factory):
@@ -60,7 +60,7 @@ def test_the_choice_is_shown_with_the_figures_it_was_made_on(tuner_factory):
     """The machine ran faster by the time the ties were measured again: the summary's best line,
     best_metric, the JSON value and why a tie lost read the re-measured figures (with the
     trial's beside them), in the run and read back from disk, never one of each moment."""
-    from zerotune.report import summary_text
+    from zerotune.tuning._outputs import summary_text
 
     first = FakeMachine(speed={1: 1.01, 2: 1.0}, rel_ci=0.015)
     again = FakeMachine(speed={1: 1.3, 2: 1.05}, rel_ci=0.01)
@@ -206,7 +206,7 @@ def test_combined_measurement_pools_the_rounds_degrees_of_freedom():
 
 
 def simulated(rng, true_step, sigma, n):
-    from zerotune.step_stats import summarize
+    from zerotune.trials._step_stats import summarize
 
     mean, std, ci = summarize([rng.gauss(true_step, sigma) for _ in range(n)])
     return measured(mean, ci, steps=n)
@@ -227,7 +227,7 @@ def test_most_faster_is_a_one_sided_95_percent_bound():
     # one can be falls below the true difference about 5% of the time: at 0 and at 2% faster.
     import random
 
-    from zerotune.ranking import most_faster
+    from zerotune.trials._ranking import most_faster
 
     rng = random.Random(11)
     for faster in (0.0, 0.02):
@@ -261,6 +261,25 @@ def test_a_rerun_that_resumes_reuses_the_re_measurements(tuner_factory):
     assert again.launcher.jobs == []  # nothing measured again, the re-measurements included
     assert result.best.name == best and any("reused" in n for n in result.notes if n.startswith("confirmed:"))
     assert result.cost.remeasured == 4 == len(confirms)  # both rounds (the machine moved), from disk
+
+
+def test_a_rerun_with_another_tie_margin_measures_the_ties_again(tuner_factory):
+    # The re-measurements settle against the tie margin (their stop rule, the second round): a
+    # rerun with another margin reuses the trials but not them.
+    def make(**kw):
+        return tuner_factory(
+            launcher=DriftingLauncher(
+                FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05), FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)
+            ),
+            config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+            **kw,
+        )
+
+    make().tune()
+    again = make(tie_margin=0.01)
+    again.tune()
+    assert again.launcher.jobs and all(j.trial_dir.name.startswith("confirm") for j in again.launcher.jobs)
+    assert all(j.settle is None or j.settle["margin"] == 0.01 for j in again.launcher.jobs)
 
 
 class WarmLauncher(DriftingLauncher):
@@ -317,7 +336,7 @@ def test_a_tie_is_settled_by_measuring_on_rather_than_by_a_second_round(tuner_fa
     """Stage 1 re-measured reads 2% faster than stage 2's trial, within noise on its window. The
     trial's interval is narrow enough that more steps of stage 1 alone can show stage 2 at most
     3% faster: stage 1 measures on until they do, and no second round runs."""
-    from zerotune.ranking import most_faster
+    from zerotune.trials._ranking import most_faster
 
     tuner = warm_tuner(tuner_factory, again_speed=1.02, again_ci=0.06)
     result = tuner.tune()
@@ -353,7 +372,7 @@ def test_a_tie_is_settled_by_measuring_on_rather_than_by_a_second_round(tuner_fa
 def test_a_trial_stopped_early_or_retired_is_measured_again():
     from types import SimpleNamespace
 
-    from zerotune.confirm import trial_first
+    from zerotune.tuning._confirm import trial_first
 
     base = measured(1.0, 0.01)
     warm = replace(base, start="warm (trial 3 of its processes)")
@@ -411,9 +430,9 @@ def test_the_probe_s_pair_rule_is_the_confirmation_s_for_two_candidates():
     headroom rule. For two candidates they must agree, whatever their figures and peaks."""
     import random
 
-    from zerotune.confirm import settled
-    from zerotune.ranking import figure_of
-    from zerotune.step_stats import pair_settled
+    from zerotune.trials._ranking import figure_of
+    from zerotune.trials._step_stats import pair_settled
+    from zerotune.tuning._confirm import settled
 
     rng, agree = random.Random(2), 0
     for i in range(3000):

@@ -3,10 +3,10 @@ whose own figure never settled is measured again beside it."""
 
 from fakes import DriftingLauncher, FakeMachine, confirms_of
 from zerotune import load_results
-from zerotune.confirm_candidates import candidates
-from zerotune.ranking import choose_best, within_noise
-from zerotune.report import summary_text
-from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+from zerotune.trials._ranking import choose_best, within_noise
+from zerotune.trials._trial import Measurement, TrialResult, TrialSpec, TrialState
+from zerotune.tuning._confirm_candidates import candidates
+from zerotune.tuning._outputs import summary_text
 
 STAGES = {"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
 

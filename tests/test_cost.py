@@ -5,9 +5,9 @@ import json
 
 from fakes import FakeMachine
 from zerotune import load_results
-from zerotune.cost import tuning_cost
-from zerotune.progress import JsonEvents
-from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+from zerotune.cli._progress import JsonEvents
+from zerotune.results._cost import tuning_cost
+from zerotune.trials._trial import Measurement, TrialResult, TrialSpec, TrialState
 
 
 def trial(stage, mb, step, wall, timed, samples=64):

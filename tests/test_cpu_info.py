@@ -1,4 +1,4 @@
-"""DeepSpeed's question about the CPU, asked once per host and tuning (zerotune.cpu_info)."""
+"""DeepSpeed's question about the CPU, asked once per host and tuning (zerotune._cpu_info)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from zerotune import cpu_info
+from zerotune import _cpu_info as cpu_info
 
 INFO = {"arch": "X86_64", "flags": ["sse2", "avx2"], "brand_raw": "Test CPU"}
 
@@ -160,8 +160,8 @@ def test_deepspeed_reads_the_stored_answer(fake_cpuinfo, tmp_path):
 def test_the_launcher_asks_once_per_results_folder_and_tells_the_ranks_where(tmp_path, monkeypatch):
     from zerotune.launch import TrialJob
     from zerotune.launch._local import LocalLauncher
-    from zerotune.settings import MeasureSettings
-    from zerotune.trial import TrialSpec
+    from zerotune.trials._settings import MeasureSettings
+    from zerotune.trials._trial import TrialSpec
 
     asked = []
     monkeypatch.setattr(cpu_info, "_ask", lambda: asked.append(1) or INFO)

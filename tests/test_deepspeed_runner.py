@@ -3,7 +3,7 @@ option names agrees with its own parser wherever it answers."""
 
 import pytest
 
-from zerotune.deepspeed_runner import _parsed_untouched, may_be_taken, runner_accepts, runner_options
+from zerotune.launch._deepspeed_runner import _parsed_untouched, may_be_taken, runner_accepts, runner_options
 
 ARGS = [
     ["--model", "small", "--deepspeed_config", "ds.json"],

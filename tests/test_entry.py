@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import zerotune.entry
+import zerotune.targets._entry
 from zerotune import Autotuner, ConfigError
-from zerotune.command import UserCommand
-from zerotune.entry import entry_args, load, target_of
+from zerotune.targets._command import UserCommand
+from zerotune.targets._entry import entry_args, load, target_of
 
 
 def top_level(cfg):
@@ -43,7 +43,7 @@ def test_entry_script_calls_the_function_with_the_config(tmp_path):
     (tmp_path / "jobmod.py").write_text("import json, sys\ndef train(cfg):\n    print(json.dumps(cfg))\n")
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4}))
-    cmd = UserCommand(zerotune.entry.__file__, ("jobmod:train", "--path", str(tmp_path)))
+    cmd = UserCommand(zerotune.targets._entry.__file__, ("jobmod:train", "--path", str(tmp_path)))
     out = subprocess.run(
         [sys.executable, cmd.script, *cmd.trial_args(str(cfg)), "--local_rank=1"],
         capture_output=True,

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from zerotune.cli import main
-from zerotune.estimate import from_factory, from_hf_config, parse_count
+from zerotune.cli._estimate import from_factory, from_hf_config, parse_count
 
 
 def run_json(capsys, *argv):

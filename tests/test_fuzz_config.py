@@ -7,10 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from zerotune import ZerotuneError
-from zerotune.config import AutotuningConfig, parse_request
-from zerotune.memory_terms import MemorySetup
-from zerotune.space import Space, stage_dimensions, trial_config
-from zerotune.trial import TrialSpec
+from zerotune.models._memory_terms import MemorySetup
+from zerotune.request._config import AutotuningConfig, parse_request
+from zerotune.request._space import Space, stage_dimensions, trial_config
+from zerotune.trials._trial import TrialSpec
 
 scalars = st.one_of(
     st.none(),

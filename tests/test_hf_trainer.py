@@ -8,7 +8,7 @@ import pytest
 
 from fakes import FakeLauncher
 from zerotune import Autotuner
-from zerotune.hf_trainer import HfTrainerTarget, looks_like_hf_trainer
+from zerotune.targets._hf_trainer import HfTrainerTarget, looks_like_hf_trainer
 
 TRAINER_SCRIPT = """
 from transformers import HfArgumentParser, Trainer, TrainingArguments

@@ -9,7 +9,7 @@ from zerotune import ConfigError, ZerotuneError
 from zerotune.launch import TrialJob
 from zerotune.launch._hosts import Host, read_hostfile, select_hosts
 from zerotune.launch._multinode import MultiNodeLauncher
-from zerotune.trial import TrialSpec
+from zerotune.trials._trial import TrialSpec
 
 
 def hostfile(tmp_path, text="# cluster\nworker-0 slots=4\nworker-1 slots=4  # spare\n\nworker-2 slots=4\n"):

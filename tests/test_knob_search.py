@@ -4,7 +4,7 @@ import pytest
 
 from fakes import FakeMachine
 from zerotune import ConfigError
-from zerotune.trial import TrialState
+from zerotune.trials._trial import TrialState
 
 OC = "zero_optimization.overlap_comm"
 RBS = "zero_optimization.reduce_bucket_size"

@@ -9,7 +9,7 @@ from procs import sleeper
 from zerotune.launch import end_leftovers, leftovers
 from zerotune.launch._collect import collect, port_in_use
 from zerotune.launch._process import stalled
-from zerotune.trial import TrialSpec, TrialState
+from zerotune.trials._trial import TrialSpec, TrialState
 
 
 def beat(d, rank, steps, longest, age):

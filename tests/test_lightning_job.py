@@ -7,8 +7,8 @@ import pytest
 
 from fakes import FakeLauncher, FakeMachine
 from zerotune import Autotuner, ConfigError
-from zerotune.command import UserCommand
-from zerotune.lightning_job import (
+from zerotune.targets._command import UserCommand
+from zerotune.targets._lightning_program import (
     LightningJob,
     LightningTarget,
     is_tuned_config,
@@ -17,7 +17,7 @@ from zerotune.lightning_job import (
     read_cache,
     trainer_settings,
 )
-from zerotune.trial import TrialSpec
+from zerotune.trials._trial import TrialSpec
 
 BASE = {"zero_allow_untested_optimizer": True, "zero_optimization": {"stage": 2, "overlap_comm": True}}
 

@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from zerotune import ConfigError  # noqa: E402
 from zerotune.lightning import AutotuneDeepSpeedStrategy  # noqa: E402
-from zerotune.lightning_fit import apply_tuned, describe  # noqa: E402
-from zerotune.lightning_job import write_cache  # noqa: E402
+from zerotune.targets._lightning_fit import apply_tuned, describe  # noqa: E402
+from zerotune.targets._lightning_program import write_cache  # noqa: E402
 
 
 class Model(L.LightningModule):
@@ -100,7 +100,7 @@ def test_started_outside_lightning_without_a_cached_result_is_a_clear_error(tmp_
 
 
 def test_a_cached_result_is_used_without_tuning(tmp_path):
-    from zerotune.result import TuningResult
+    from zerotune.results._result import TuningResult
 
     t = trainer(tmp_path)
     job = describe(t.strategy, t, Model(), Data())

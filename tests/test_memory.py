@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-from zerotune.memory import PRIOR_REL, TRANSFER_REL, MemoryModel, Z, model_states
-from zerotune.memory_terms import MemorySetup
-from zerotune.trial import TrialResult, TrialSpec, TrialState
+from zerotune.models._memory import PRIOR_REL, TRANSFER_REL, MemoryModel, Z, model_states
+from zerotune.models._memory_terms import MemorySetup
+from zerotune.trials._trial import TrialResult, TrialSpec, TrialState
 
 MIB = 1024**2
 

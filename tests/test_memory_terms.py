@@ -2,7 +2,7 @@
 
 import pytest
 
-from zerotune.memory_terms import MemorySetup, estimate, largest_micro_batch
+from zerotune.models._memory_terms import MemorySetup, estimate, largest_micro_batch
 
 P, G, LAYER = 1_000_000_000, 8, 50_000_000
 NO_BUFFERS = dict(reduce_bucket_size=0, allgather_bucket_size=0, prefetch_bucket_size=0)

@@ -8,7 +8,7 @@ import pytest
 
 from probe_fakes import Exited, FakeEngine, clock, drive, drive_micro
 from zerotune.probe._memory import MemoryReader, is_oom_error
-from zerotune.step_stats import is_stable, summarize
+from zerotune.trials._step_stats import is_stable, summarize
 
 
 class FakeCuda:
@@ -151,7 +151,7 @@ def test_an_early_stop_counts_the_leader_s_own_noise(probe_factory, tmp_path, mo
 
 
 def test_slower_beyond_is_the_one_sample_bound_against_an_exact_figure():
-    from zerotune.step_stats import slower_beyond, t95_df
+    from zerotune.trials._step_stats import slower_beyond, t95_df
 
     t1 = t95_df(1, one_sided=True)
     assert slower_beyond((1.0, 0.01, 1.0), (1.0 - t1 * 0.01 - 1e-9, 0.0, math.inf))
@@ -230,7 +230,7 @@ def test_the_micro_step_estimate_covers_the_whole_step_mean():
     whole steps' micro-steps holds the long-run mean of whole steps about 95% of the time."""
     import random
 
-    from zerotune.step_stats import step_estimate
+    from zerotune.trials._step_stats import step_estimate
 
     rng, g, hits, runs = random.Random(7), 8, 0, 400
     for _ in range(runs):
@@ -332,7 +332,7 @@ def test_fixed_warm_up_is_kept_when_asked_for(probe_factory, tmp_path):
 def settle_on(value, rel_se, df=9):
     """A re-measurement's comparison (TrialJob.settle): the leader at ``value`` samples/s; this
     config (FakeEngine) does 8 samples per step."""
-    from zerotune.step_stats import t95_df
+    from zerotune.trials._step_stats import t95_df
 
     return {
         "maximize": True,
@@ -346,7 +346,7 @@ def settle_on(value, rel_se, df=9):
 
 
 def settled_after(intervals, settle):
-    from zerotune.step_stats import Figure, pair_settled, summarize, t95_df
+    from zerotune.trials._step_stats import Figure, pair_settled, summarize, t95_df
 
     mean, std, ci = summarize(intervals)
     value, n = 8.0 / mean, len(intervals)
@@ -420,7 +420,7 @@ def test_measuring_on_settles_more_ties_and_rarely_a_wrong_one(probe_factory, tm
     import random
 
     from zerotune.probe import _hooks
-    from zerotune.step_stats import summarize
+    from zerotune.trials._step_stats import summarize
 
     monkeypatch.setattr(_hooks.StepProbe, "beat", lambda self: None)  # 2 heartbeat files a step: most of the time
     rng = random.Random(5)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from probe_fakes import Exited, FakeEngine, clock, drive
-from zerotune.step_stats import summarize, t95_df
+from zerotune.trials._step_stats import summarize, t95_df
 
 NOISY = [1.0, 1.04, 0.96, 1.03, 0.97, 1.04, 0.96, 1.02, 0.98, 1.03, 0.97, 1.0] * 5  # about 3% per step
 
@@ -85,7 +85,7 @@ def simulate(probe_factory, tmp_path, gap, draws=200):
     of the confirmation (within noise of the leader and not stopped early), whether its figure
     holds its true mean, and whether it was cut as a tie where its five steps would have read it
     ahead of the leader."""
-    from zerotune.step_stats import Figure, within_noise_of
+    from zerotune.trials._step_stats import Figure, within_noise_of
 
     rng, rows = random.Random(3), []
     for _ in range(draws):

@@ -2,8 +2,9 @@
 
 from dataclasses import replace
 
-from zerotune.ranking import TIE_MARGIN, choose_best, clearly_worse, most_faster, shown_worse
-from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+from zerotune.trials import MEASURE_DEFAULTS
+from zerotune.trials._ranking import choose_best, clearly_worse, most_faster, shown_worse
+from zerotune.trials._trial import Measurement, TrialResult, TrialSpec, TrialState
 
 
 def trial(stage, step, ci, peak, lost_to=None):
@@ -56,7 +57,7 @@ def test_headroom_wins_only_where_its_cost_is_shown_within_the_margin():
     # 95%), which is more than headroom may cost: the fastest stands, and the note says why.
     fast = trial(1, 2.00, 0.02, peak=900)
     lean = trial(2, 2.04, 0.20, peak=500)
-    assert most_faster(fast, lean, "throughput") > TIE_MARGIN
+    assert most_faster(fast, lean, "throughput") > MEASURE_DEFAULTS.tie_margin
     choice = choose_best([fast, lean], "throughput")
     assert choice.best is fast and choice.ties == [lean]
     assert "z2_mb8_gas1 has more memory headroom, but it may be up to 6.9% slower" in choice.note
@@ -64,8 +65,11 @@ def test_headroom_wins_only_where_its_cost_is_shown_within_the_margin():
     tight = replace(
         lean, measurement=replace(lean.measurement, step_time_mean=2.03, step_time_ci95=0.03, steps_measured=8)
     )
-    assert most_faster(fast, tight, "throughput") <= TIE_MARGIN
+    assert most_faster(fast, tight, "throughput") <= MEASURE_DEFAULTS.tie_margin
     assert choose_best([fast, tight], "throughput").best is tight
+    # The margin is the user's (MeasureSettings.tie_margin): at 0 the fastest always stands.
+    assert choose_best([fast, tight], "throughput", margin=0.0).best is fast
+    assert choose_best([fast, tight], "throughput", margin=0.0).ties == [tight]
     # A trial with a single timed step has no interval: never a headroom pick, even 0.75% slower.
     one = replace(
         lean, measurement=replace(lean.measurement, step_time_mean=2.015, step_time_ci95=0.0, steps_measured=1)
@@ -80,7 +84,7 @@ def test_headroom_is_weighed_only_where_the_fastest_s_peak_is_near_the_budget():
     fast = trial(1, 2.00, 0.02, peak=900)
     lean = trial(2, 2.03, 0.03, peak=500)
     lean = replace(lean, measurement=replace(lean.measurement, steps_measured=8))
-    assert most_faster(fast, lean, "throughput") <= TIE_MARGIN
+    assert most_faster(fast, lean, "throughput") <= MEASURE_DEFAULTS.tie_margin
     near = [replace(fast, budget=1000), replace(lean, budget=1000)]
     assert choose_best(near, "throughput").best is near[1]
     assert choose_best([fast, lean], "throughput").best is lean
@@ -94,7 +98,7 @@ def test_why_a_trial_stopped_early_lost_names_the_test_that_decided(tmp_path):
     # Within the two-sided noise of the best, but shown by its probe unable to beat it: the
     # reason says what decided, never "the order is not certain" (which would call for a
     # re-measurement that was rightly not made).
-    from zerotune.result import TuningResult
+    from zerotune.results._result import TuningResult
 
     fast = trial(1, 2.00, 0.02, peak=900)  # 32 samples/s
     stopped = trial(2, 2.02, 0.05, peak=900, lost_to=32.0)

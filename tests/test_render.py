@@ -7,8 +7,8 @@ from rich.console import Console
 
 from fakes import FakeLauncher
 from zerotune import Autotuner, load_results
-from zerotune.hardware import Node
-from zerotune.render import print_summary
+from zerotune.cli._render import print_summary
+from zerotune.launch._hardware import Node
 
 GIB = 1024**3
 
@@ -78,7 +78,7 @@ def test_a_step_left_out_as_a_disturbance_is_named_in_the_summary(tuner_factory)
     import json
 
     from fakes import FakeMachine
-    from zerotune.report import summary_text
+    from zerotune.tuning._outputs import summary_text
 
     name = "z1_mb8_gas4"
     tuner = tuner_factory(
@@ -92,7 +92,7 @@ def test_a_step_left_out_as_a_disturbance_is_named_in_the_summary(tuner_factory)
         assert "its figure is of the other steps" in lines[0]
     stored = json.loads((tuner.results_dir / "results.json").read_text())
     assert next(t for t in stored["trials"] if t["name"] == name)["measurement"]["left_out"] == [2.73]
-    from zerotune.report_html import write_report
+    from zerotune.report._html import write_report
 
     page = write_report(tuner.results_dir).read_text()
     assert f"<li>left out: {name}: 1 step (2.73 s; their median " in page

@@ -10,7 +10,7 @@ import pytest
 
 from fakes import FakeLauncher, FakeMachine
 from zerotune import Autotuner
-from zerotune.report_html import write_report
+from zerotune.report._html import write_report
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make setup installs it)")

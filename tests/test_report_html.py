@@ -5,10 +5,10 @@ import json
 
 from fakes import FakeLauncher, FakeMachine
 from zerotune import Autotuner
-from zerotune.progress import JsonEvents, ProgressState
-from zerotune.report_figures import config_diff, memory_data, throughput_data, timeline_data
-from zerotune.report_html import write_report
-from zerotune.trial import TrialState
+from zerotune.cli._progress import JsonEvents, ProgressState
+from zerotune.report._figures import config_diff, memory_data, throughput_data, timeline_data
+from zerotune.report._html import write_report
+from zerotune.trials._trial import TrialState
 
 
 def tuned(tmp_path, make_config, gpu_node, script, **kw):
@@ -109,9 +109,9 @@ def test_printed_reasons_and_notes_are_never_markup(capsys):
     """A reason that quotes a path in brackets ("[/__w/pytorch/...]") once crashed the printer."""
     from rich.console import Console
 
-    from zerotune.progress import ProgressPrinter
-    from zerotune.trial import TrialResult, TrialSpec
-    from zerotune.tuner import TuningEvent
+    from zerotune.cli._progress import ProgressPrinter
+    from zerotune.trials._trial import TrialResult, TrialSpec
+    from zerotune.tuning._tuner import TuningEvent
 
     console = Console(file=io.StringIO(), width=200)
     printer = ProgressPrinter(console=console)
@@ -124,8 +124,8 @@ def test_printed_reasons_and_notes_are_never_markup(capsys):
 
 def many_trials_folder(root, n=2000):
     """A results folder of ``n`` measured trials over 3 stages and many knob values."""
-    from zerotune.record import Identity, TuningRecord
-    from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+    from zerotune.results._record import Identity, TuningRecord
+    from zerotune.trials._trial import Measurement, TrialResult, TrialSpec, TrialState
 
     ident = Identity(code="c", args=[], topology={}, measure={}, env={}, failure={})
     record = TuningRecord(root, identity=ident, session={"metric": "throughput", "num_gpus": 2, "budget": 8 * 1024**3})

@@ -10,7 +10,7 @@ import pytest
 
 from hostile import run_cli
 from zerotune import ZerotuneError, load_results
-from zerotune.results_folder import LOCK, FolderBusyError, FolderLock, busy, claim, expand
+from zerotune.results._folder import LOCK, FolderBusyError, FolderLock, busy, claim, expand
 
 
 def test_overwrite_removes_only_the_trial_folders_and_outputs_zerotune_made(tuner_factory, tmp_path):
@@ -131,7 +131,7 @@ def test_a_second_tuning_of_the_same_folder_is_refused_with_the_first_ones_pid(t
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom zerotune.results_folder import FolderLock\n"
+            "import sys, time\nfrom zerotune.results._folder import FolderLock\n"
             "lock = FolderLock(__import__('pathlib').Path(sys.argv[1]))\nlock.acquire()\n"
             "print('held', flush=True)\n"
             "time.sleep(600)",
@@ -206,7 +206,7 @@ def test_trials_that_time_out_are_never_called_a_memory_problem(tuner_factory):
 
 
 def test_a_time_budget_spent_before_any_trial_is_named(tmp_path):
-    from zerotune.result import no_choice_message
+    from zerotune.results._result import no_choice_message
 
     message = no_choice_message([], tmp_path, 0.001)
     assert message.startswith("no trial ran: the time budget of 0.001 s") and "--time-budget" in message

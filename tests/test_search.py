@@ -6,7 +6,7 @@ import pytest
 
 from fakes import MIB, TIGHT_MEMORY, FakeMachine
 from zerotune import NoFeasibleConfigError
-from zerotune.trial import TrialState
+from zerotune.trials._trial import TrialState
 
 
 def launched(tuner):

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
+from zerotune.request._space import MICRO_BATCH, Dimension, Space
 from zerotune.search import SEARCHERS, EarlyStopping
-from zerotune.space import MICRO_BATCH, Dimension, Space
-from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+from zerotune.trials._trial import Measurement, TrialResult, TrialSpec, TrialState
 
 RBS = "zero_optimization.reduce_bucket_size"
 OC = "zero_optimization.overlap_comm"

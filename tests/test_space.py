@@ -3,7 +3,7 @@
 import pytest
 
 from zerotune import ConfigError
-from zerotune.space import (
+from zerotune.request._space import (
     MICRO_BATCH,
     Dimension,
     Space,
@@ -13,7 +13,7 @@ from zerotune.space import (
     trial_config,
     user_dimensions,
 )
-from zerotune.trial import TrialSpec
+from zerotune.trials._trial import TrialSpec
 
 Z = "zero_optimization."
 

@@ -5,7 +5,7 @@ import math
 import random
 import statistics
 
-from zerotune.step_stats import t95_df, welch_df
+from zerotune.trials._step_stats import t95_df, welch_df
 
 
 def test_whole_degrees_of_freedom_read_the_table():
@@ -52,7 +52,7 @@ def test_two_short_rounds_combined_keep_a_95_percent_interval():
 
 
 # -- disturbed steps ------------------------------------------------------------------------------
-from zerotune.step_stats import split_disturbed, summarize  # noqa: E402
+from zerotune.trials._step_stats import split_disturbed, summarize  # noqa: E402
 
 
 def test_a_rare_far_slower_step_is_left_out_and_said():

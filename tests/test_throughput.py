@@ -5,9 +5,9 @@ import math
 import pytest
 
 from fakes import FakeMachine
+from zerotune.models._throughput import ERROR_FLOOR, Prediction, ThroughputModel
 from zerotune.search import Searcher, Suggestion
-from zerotune.throughput import ERROR_FLOOR, Prediction, ThroughputModel
-from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+from zerotune.trials._trial import Measurement, TrialResult, TrialSpec, TrialState
 
 
 def measured(stage, mb, tau, overrides=(), rel=0.0):

@@ -4,8 +4,8 @@ import pytest
 
 from fakes import FakeLauncher, FakeMachine
 from zerotune import Autotuner
-from zerotune.tracking import MlflowTracker, TensorBoardTracker, mlflow_wanted
-from zerotune.trial import TrialState
+from zerotune.cli._tracking import MlflowTracker, TensorBoardTracker, mlflow_wanted
+from zerotune.trials._trial import TrialState
 
 
 def tune_with(tmp_path, make_config, gpu_node, script, tracker):

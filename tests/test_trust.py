@@ -7,9 +7,9 @@ import pytest
 
 from fakes import FakeLauncher, FakeMachine
 from zerotune import Autotuner, ConfigError, load_results
-from zerotune.config import parse_request
-from zerotune.space import user_dimensions
-from zerotune.trial import TrialSpec, TrialState
+from zerotune.request._config import parse_request
+from zerotune.request._space import user_dimensions
+from zerotune.trials._trial import TrialSpec, TrialState
 
 
 # 1. Lists that DeepSpeed reads as lists are values, never dimensions.
@@ -128,7 +128,7 @@ def test_another_trial_environment_reruns_every_trial(tmp_path, script, make_con
     # On CPU the threads per process and glibc's allocator thresholds set what a trial measures.
     from fakes import FakeLauncher
     from zerotune import Autotuner
-    from zerotune.hardware import Node
+    from zerotune.launch._hardware import Node
 
     def tune():
         tuner = Autotuner(
@@ -223,7 +223,7 @@ def test_readers_ignore_trials_of_an_earlier_tuning(tuner_factory, tmp_path):
     loaded = load_results(tmp_path / "results")
     assert loaded.best.name == result.best.name and loaded.best.spec.stage in (2, 3)
     assert [t.name for t in loaded.trials] == [t.name for t in result.trials]
-    from zerotune.report_html import write_report
+    from zerotune.report._html import write_report
 
     page = write_report(tmp_path / "results").read_text()
     assert f"<b>{result.best.name}</b>" in page
@@ -339,7 +339,7 @@ def test_absurd_settings_are_refused(tuner_factory, kw, match):
 
 
 def test_a_billion_processes_are_refused_before_anything_is_built(tmp_path, script, make_config):
-    from zerotune.hardware import Node
+    from zerotune.launch._hardware import Node
 
     with pytest.raises(ConfigError, match="--num-gpus 1000000000 is out of range"):
         Autotuner(

@@ -9,7 +9,7 @@ import pytest
 
 from fakes import FakeLauncher
 from zerotune import Autotuner, load_results
-from zerotune.trial import TrialState
+from zerotune.trials._trial import TrialState
 
 
 def test_outputs(tuner_factory, tmp_path):
@@ -216,8 +216,8 @@ POLICY = {
 def test_the_measurement_policy_has_the_same_names_on_every_face(tuner_factory):
     import inspect
 
-    from zerotune.cli_parsers import tune_parser
-    from zerotune.settings import MeasureSettings
+    from zerotune.cli._parsers import tune_parser
+    from zerotune.trials._settings import MeasureSettings
 
     argv = [x for name, value in POLICY.items() for x in ("--" + name.replace("_", "-"), str(value))]
     parsed = vars(tune_parser("tune").parse_args(argv))

@@ -20,8 +20,8 @@ from zerotune.launch._warm_pool import WarmGroup, kind_of, run_in_group, signatu
 from zerotune.probe._memory import current_rss, peak_rss, reset_peak
 from zerotune.probe._sandbox import TrialSandbox, clear_deepspeed_caches, lru_cache_in
 from zerotune.probe._serve import LeakCheck, process_counts
-from zerotune.settings import MeasureSettings
-from zerotune.trial import Measurement, TrialResult, TrialSpec, TrialState
+from zerotune.trials._settings import MeasureSettings
+from zerotune.trials._trial import Measurement, TrialResult, TrialSpec, TrialState
 
 
 # -- rank side -------------------------------------------------------------------------------
@@ -289,7 +289,8 @@ def test_trials_are_warm_unless_cold_ones_are_asked_for(tuner_factory):
 
 
 def test_cli_cold_trials_flag_reaches_the_tuner(monkeypatch, tmp_path, script, make_config):
-    from zerotune import cli, tuner
+    from zerotune import tuning as tuner
+    from zerotune.cli import _main as cli
 
     seen = {}
 
@@ -304,7 +305,7 @@ def test_cli_cold_trials_flag_reaches_the_tuner(monkeypatch, tmp_path, script, m
     for flag, expect in ((["--cold-trials"], False), ([], None)):
         with pytest.raises(Stop):
             cli.main(["tune", *flag, str(script), "--deepspeed_config", str(make_config(None))])
-        assert seen["warm_trials"] is expect
+        assert seen["cluster"].warm_trials is expect
 
 
 def test_hpz_trials_run_cold_and_say_why(tuner_factory):
@@ -392,7 +393,7 @@ def test_near_budget_only_later_trials_of_a_group_are_measured_again_cold(tmp_pa
 
 def test_a_cold_re_measurement_says_whether_the_warm_peak_was_near_or_above_the_budget(tmp_path, monkeypatch):
     from zerotune.launch._local import LocalLauncher
-    from zerotune.trial import TrialResult
+    from zerotune.trials._trial import TrialResult
 
     launcher = LocalLauncher(device="cpu")
     monkeypatch.setattr(launcher, "retire", lambda key, why: None)

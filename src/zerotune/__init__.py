@@ -5,15 +5,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._errors import ConfigError, LaunchError, NoFeasibleConfigError, ZerotuneError
+from ._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .record import TuningEvent
-    from .result import TuningResult, load_results
-    from .trial import TrialResult, TrialSpec, TrialState
-    from .tuner import Autotuner
+    from .results import TuningEvent, TuningResult, load_results
+    from .trials import TrialResult, TrialSpec, TrialState
+    from .tuning import Autotuner
 
 __all__ = [
     "Autotuner",
@@ -30,20 +30,15 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_LAZY = {
-    "Autotuner": "tuner",
-    "TuningEvent": "record",
-    "TuningResult": "result",
-    "load_results": "result",
-    "TrialResult": "trial",
-    "TrialSpec": "trial",
-    "TrialState": "trial",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module 'zerotune' has no attribute {name!r}")
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "Autotuner": "tuning",
+        "TuningEvent": "results",
+        "TuningResult": "results",
+        "load_results": "results",
+        "TrialResult": "trials",
+        "TrialSpec": "trials",
+        "TrialState": "trials",
+    },
+)

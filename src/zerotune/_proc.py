@@ -42,7 +42,7 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
 
 def exit_file(folder: Path, rank: int) -> Path:
-    """Where a rank's waiter records the signal the rank died of (see probe._waiter)."""
+    """Where a rank's waiter records the signal the rank died of (see zerotune.probe, its waiter)."""
     return Path(folder) / f"rank{rank}.exit"
 
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 from procs import shm_buffers, trial_processes
 from zerotune import Autotuner, NoFeasibleConfigError
-from zerotune.trial import TrialState
+from zerotune.trials._trial import TrialState
 
 pytestmark = pytest.mark.integration
 ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}

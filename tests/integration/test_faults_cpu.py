@@ -10,8 +10,8 @@ import pytest
 from conftest import ROOT
 from procs import shm_buffers, trial_processes
 from zerotune.launch import LocalLauncher, TrialJob, _local
-from zerotune.settings import MeasureSettings
-from zerotune.trial import TrialSpec, TrialState
+from zerotune.trials._settings import MeasureSettings
+from zerotune.trials._trial import TrialSpec, TrialState
 
 pytestmark = pytest.mark.integration
 FAULTY = ROOT / "tests" / "integration" / "faulty_trial.py"

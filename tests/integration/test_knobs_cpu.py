@@ -6,7 +6,7 @@ import pytest
 
 from conftest import ROOT
 from zerotune import Autotuner
-from zerotune.trial import TrialState
+from zerotune.trials._trial import TrialState
 
 pytestmark = pytest.mark.integration
 

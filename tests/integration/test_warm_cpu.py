@@ -11,8 +11,8 @@ import pytest
 from conftest import ROOT
 from procs import shm_buffers, trial_processes
 from zerotune.launch import LocalLauncher, TrialJob
-from zerotune.settings import MeasureSettings
-from zerotune.trial import TrialSpec, TrialState
+from zerotune.trials._settings import MeasureSettings
+from zerotune.trials._trial import TrialSpec, TrialState
 
 pytestmark = pytest.mark.integration
 SCRIPT = ROOT / "tests" / "integration" / "warm_script.py"

@@ -1,6 +1,9 @@
 """Starting a trial's processes: on this node, or over the hosts of a hostfile."""
 
 from ._base import Launcher, ProgramLauncher, TrialJob
+from ._cluster import Cluster, ClusterSettings, check_counts
+from ._deepspeed_runner import runner_accepts
+from ._hardware import Node, detect_node, host_memory
 from ._hosts import Host, read_hostfile, select_hosts
 from ._leftovers import Leftover, end_leftovers, leftovers, leftovers_line, remove_dead_buffers
 from ._local import LocalLauncher
@@ -10,23 +13,30 @@ from ._slots import Slot, plan_slots
 
 __all__ = [
     "CPU_MALLOC",
+    "Cluster",
+    "ClusterSettings",
     "FIGURE_ENV",
     "Host",
     "Launcher",
     "Leftover",
     "LocalLauncher",
     "MultiNodeLauncher",
-    "ProgramLauncher",
+    "Node",
     "ProcessGroup",
+    "ProgramLauncher",
     "Slot",
     "TrialJob",
+    "check_counts",
+    "detect_node",
     "end_leftovers",
+    "host_memory",
     "launcher_argv",
     "leftovers",
     "leftovers_line",
     "plan_slots",
     "read_hostfile",
     "remove_dead_buffers",
+    "runner_accepts",
     "select_hosts",
     "trial_env",
 ]

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..settings import MeasureSettings
-from ..trial import TrialResult, TrialSpec
+from ..trials import MeasureSettings, TrialResult, TrialSpec
 from ._slots import Slot
 
 
@@ -51,7 +50,7 @@ class TrialJob:
     measuring as soon as it clearly cannot beat v, the best trial's figure so far, measured with
     relative standard error r on d degrees of freedom (None: exact)."""
     settle: dict[str, Any] | None = None
-    """A re-measurement's comparison to answer (see confirm.settle_target): it measures on past
+    """A re-measurement's comparison to answer (see tuning.confirm.settle_target): it measures on past
     its window until the choice between it and the candidate leading so far is settled, while
     more of its steps can settle it, up to the time cap (measure.max_measure_seconds). Keys:
     ``maximize``, the leader's ``value``, ``ci``, ``rel_se``, ``df`` (None: exact), ``scale``

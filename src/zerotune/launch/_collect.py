@@ -12,8 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from .._proc import exit_file, read_exit
-from ..step_stats import estimate_is_stable, is_stable, split_disturbed, summarize
-from ..trial import Measurement, TrialResult, TrialSpec, TrialState
+from ..trials import (
+    Measurement,
+    TrialResult,
+    TrialSpec,
+    TrialState,
+    estimate_is_stable,
+    is_stable,
+    split_disturbed,
+    summarize,
+)
 from ..units import format_size
 from ._build_locks import lock_hint
 
@@ -118,7 +126,7 @@ _FATAL_SIGNALS = {
 def _missing_cause(trial_dir: Path, ranks: list[dict | None], *, generic: bool) -> str | None:
     """Why ranks ended without reporting: a fatal signal that Python's faulthandler wrote to the
     rank's stderr, else the signal the first of them to die was killed by (its waiter's record,
-    see probe._waiter), else a signal the launcher's log names for the first failing process it
+    see the probe's waiter), else a signal the launcher's log names for the first failing process it
     found (:data:`SIGKILL` for that signal, whose sender :func:`_sigkilled` tells), else
     (``generic``) which rank went silent. None when every rank reported, or when nothing
     specific is known and not ``generic``."""

@@ -9,8 +9,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..store import write_atomic, write_json
-from ..trial import TrialResult, TrialState
+from .._files import write_atomic, write_json
+from ..trials import TrialResult, TrialState
 from ._base import ProgramLauncher, TrialJob
 from ._collect import port_in_use
 from ._leftovers import note_port, remove_shm_buffers

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from .._errors import LaunchError
-from ..store import write_atomic
-from ..trial import TrialResult
+from .._files import write_atomic
+from ..trials import TrialResult
 from ._base import ProgramLauncher, TrialJob
 from ._hosts import Host
 from ._leftovers import RESULTS_ENV, TUNER_PID, remove_shm_buffers

@@ -9,9 +9,9 @@ import threading
 import time
 from pathlib import Path
 
-from .. import cpu_info
-from ..store import write_json
-from ..trial import TrialResult
+from .. import _cpu_info as cpu_info
+from .._files import write_json
+from ..trials import TrialResult
 from ._base import Launcher, TrialJob
 from ._collect import collect
 from ._leftovers import note_port, trial_env_marks
@@ -32,7 +32,7 @@ class SupervisingLauncher(Launcher):
         self._lock = threading.Lock()
         self._cpu_info: dict[Path, threading.Thread] = {}
         """Per results folder, the thread that asks DeepSpeed's question about the CPU once for
-        the tuning's ranks (see cpu_info)."""
+        the tuning's ranks (see zerotune._cpu_info)."""
 
     @abc.abstractmethod
     def start(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> list[ProcessGroup]:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..store import write_atomic, write_json
-from ..trial import TrialResult
+from .._files import write_atomic, write_json
+from ..trials import TrialResult
 from ._base import TrialJob
 from ._collect import collect
 from ._oom_kills import oom_kill_count, oom_kills_since

@@ -24,9 +24,9 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from ..api_check import checked
-from ..config import STAGES, parse_stages
-from ..lightning_job import is_tuned_config
+from .._api_check import checked
+from ..request import STAGES, parse_stages
+from ..targets import is_tuned_config
 from ._tuning import TuneFirstLauncher, Tuning
 
 
@@ -52,7 +52,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
         time_budget, max_trials, memory_per_device: The same names and meanings as the Python
             API's (:class:`zerotune.Autotuner`) and the CLI's options.
         trial_timeout, stall_timeout, precision, max_measure_seconds, remeasure_seconds,
-            remeasure_rounds, max_steps, max_warmup_steps: The measurement policy, under the
+            remeasure_rounds, max_steps, max_warmup_steps, tie_margin: The measurement policy, under the
             Python API's and the CLI's names (None: its default).
         cache_dir: Where results are kept (default ``$ZEROTUNE_CACHE_DIR``, else
             ``~/.cache/zerotune/lightning``).
@@ -81,6 +81,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
         remeasure_rounds: int | None = None,
         max_steps: int | None = None,
         max_warmup_steps: int | None = None,
+        tie_margin: float | None = None,
         cache_dir: str | Path | None = None,
         retune: bool = False,
         **kwargs: Any,
@@ -109,6 +110,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
                     ("remeasure_rounds", remeasure_rounds),
                     ("max_steps", max_steps),
                     ("max_warmup_steps", max_warmup_steps),
+                    ("tie_margin", tie_margin),
                 )
                 if value is not None
             },
@@ -135,7 +137,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
 
     def _describe_extras(self, job, model) -> None:
         """Called while describing a fit: this strategy's search space, cache and fingerprint."""
-        from ..lightning_fit import fingerprint
+        from ..targets import fingerprint
 
         stages = self.tuning.stages
         if stages is None and self.tuning.user_config:
@@ -169,7 +171,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
 
     def setup(self, trainer) -> None:
         if self.tuning.entry is not None and not self.tuning.in_trial():
-            from ..lightning_fit import apply_tuned
+            from ..targets import apply_tuned
 
             mb, gas = apply_tuned(self, trainer, self.tuning.entry["config"])
             rank_zero_info(

@@ -15,8 +15,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .._errors import ConfigError, ZerotuneError
-from ..command import UserCommand
-from ..lightning_job import LightningJob, LightningTarget, default_cache_dir, read_cache
+from ..targets import LightningJob, LightningTarget, UserCommand, default_cache_dir, read_cache
 
 
 @dataclass(kw_only=True)
@@ -47,9 +46,9 @@ class Tuning:
             raise ConfigError(f"metric {self.metric!r} is not one of throughput, latency, flops")
         if self.global_batch is not None and self.global_batch < 1:
             raise ConfigError(f"global_batch must be a positive number of samples, not {self.global_batch}")
-        from ..settings import MeasureSettings
+        from ..trials import MeasureSettings
 
-        MeasureSettings.of(**self.measure)  # checked now, not at fit
+        self.measure_settings = MeasureSettings.of(**self.measure)  # checked now, not at fit
 
     @staticmethod
     def in_trial() -> bool:
@@ -77,7 +76,7 @@ class Tuning:
     ) -> None:
         """Find the config to train with: cached, or (``can_tune``) tuned now. ``required``: a
         miss is an error (fit); otherwise the strategy's own config is used (validate, test)."""
-        from ..lightning_fit import describe
+        from ..targets import describe
 
         job = describe(strategy, trainer, model, datamodule, train_dataloaders)
         entry = None if (self.retune and can_tune) else read_cache(job.cache_dir, job.fingerprint)
@@ -92,7 +91,7 @@ class Tuning:
             return
         self.entry = entry
         try:
-            from ..result import load_results
+            from ..results import load_results
 
             self.result = load_results(entry["results_dir"])
         except (ZerotuneError, OSError, ValueError):
@@ -101,9 +100,9 @@ class Tuning:
     def _tune(self, job: LightningJob) -> None:
         from rich.markup import escape
 
-        from ..progress import ProgressPrinter
-        from ..render import print_summary
-        from ..tuner import Autotuner
+        from ..cli import ProgressPrinter, print_summary
+        from ..launch import ClusterSettings
+        from ..tuning import Autotuner, SearchSettings
 
         if job.batch_size is None:
             raise ConfigError(
@@ -132,15 +131,13 @@ class Tuning:
         tuner = Autotuner(
             command,
             ds_config=job.tuning_config(),
-            num_gpus=job.world_size,
             target=LightningTarget(command=UserCommand.parse(command), job=job),
             results_dir=Path(job.cache_dir) / job.fingerprint,
-            time_budget=self.time_budget,
-            memory_per_device=self.memory_per_device,
-            **self.measure,
             overwrite=True if self.retune else None,
+            cluster=ClusterSettings(num_gpus=job.world_size, memory_per_device=self.memory_per_device),
+            measure=self.measure_settings,
+            search=SearchSettings(time_budget=self.time_budget, offload=job.offload),
             on_event=printer,
-            offload=job.offload,
         )
         with printer.watch(tuner):
             result = tuner.tune()

@@ -20,7 +20,7 @@ def main() -> None:
     spec_path = os.environ.get("ZEROTUNE_PROBE")
     if not spec_path:
         sys.exit("zerotune.probe is started by zerotune for each trial; run `zerotune tune script.py ...` instead")
-    from .. import cpu_info
+    from .. import _cpu_info as cpu_info
     from .._proc import die_with_parent
 
     # If the launcher is killed outright, end this rank too rather than wait in a collective.

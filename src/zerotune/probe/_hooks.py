@@ -10,7 +10,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..step_stats import (
+from .._files import write_json
+from ..trials import (
     MICRO_STEPS_FROM,
     Figure,
     Samples,
@@ -24,7 +25,6 @@ from ..step_stats import (
     summarize,
     t95_df,
 )
-from ..store import write_json
 from ._history import ProcessHistory, zero_setup
 from ._memory import MemoryReader, minor_faults
 from ._settled import settled_at

@@ -14,14 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..store import write_json
+from .._files import write_json
 
 
 def install_inspect(spec: dict[str, Any]) -> None:
     import lightning.pytorch as pl
 
-    from ..lightning_fit import describe
-    from ..lightning_job import INSPECT
+    from ..targets import INSPECT, describe
 
     def fit(self, model, train_dataloaders=None, val_dataloaders=None, datamodule=None, *args, **kwargs):
         if isinstance(train_dataloaders, pl.LightningDataModule):
@@ -38,7 +37,7 @@ def install_trial(config_path: str, probe=None) -> None:
     """``probe``: the StepProbe of a measured trial (None when training for real)."""
     from lightning.pytorch.strategies import DeepSpeedStrategy
 
-    from ..lightning_fit import apply_tuned
+    from ..targets import apply_tuned
 
     orig_dist, orig_setup = DeepSpeedStrategy.setup_distributed, DeepSpeedStrategy.setup
 

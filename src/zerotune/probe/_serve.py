@@ -17,7 +17,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-from ..store import write_json
+from .._files import write_json
 from ._history import ProcessHistory
 from ._memory import current_rss, device_in_use, reset_peak
 from ._sandbox import TrialSandbox, clear_deepspeed_caches, clear_library_state

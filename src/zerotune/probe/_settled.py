@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..settings import MEASURE_DEFAULTS
+from ..trials import MEASURE_DEFAULTS
 
 WARMING = 0.05
 """Warm-up ends at the first step time not more than this fraction slower than the median of the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 
-from ..trial import TrialResult, TrialSpec
+from ..trials import TrialResult, TrialSpec
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Generator
 
-from ..memory import MemoryModel, Z
-from ..ranking import choose_best, clearly_worse
-from ..trial import TrialResult, TrialSpec, TrialState
+from ..models import MemoryModel, Z
+from ..trials import MEASURE_DEFAULTS, TrialResult, TrialSpec, TrialState, choose_best, clearly_worse
 from ..units import format_size
 from ._base import Searcher, Suggestion
 
@@ -46,11 +45,14 @@ class MicroBatchSearch(Searcher):
         metric: str,
         num_micro_batches: int,
         memory: MemoryModel,
+        tie_margin: float = MEASURE_DEFAULTS.tie_margin,
         prune: dict[int, str] | None = None,
         overrides: dict[int, tuple] | None = None,
     ):
         """``overrides``: per stage, ds_config overrides every trial of that stage carries
-        (offload settings, for example)."""
+        (offload settings, for example). ``tie_margin``: how much speed memory headroom may cost
+        where a stage's best is chosen (see choose_best)."""
+        self.tie_margin = tie_margin
         assert candidates, "candidates must be validated by the caller"
         self.stages, self.candidates = stages, sorted(candidates)
         self.global_batch, self.dp, self.default_gas = global_batch, dp, grad_accum
@@ -265,7 +267,7 @@ class MicroBatchSearch(Searcher):
         )
         compared: set[int] = set()
         for stage in ranked:
-            best_all = choose_best(self.results, self.metric)
+            best_all = choose_best(self.results, self.metric, self.tie_margin)
             if best_all and clearly_worse(self.metric, self._stage_best(stage), best_all.best, CANNOT_WIN_MARGIN):
                 self.notes.append(
                     f"stage {stage}: skipped smaller micro-batches; its best "
@@ -321,7 +323,7 @@ class MicroBatchSearch(Searcher):
             yield Suggestion(self.spec(stage, best))
 
     def _stage_best(self, stage: int) -> TrialResult:
-        choice = choose_best(self._ok(stage), self.metric)
+        choice = choose_best(self._ok(stage), self.metric, self.tie_margin)
         assert choice is not None
         return choice.best
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ..ranking import MAXIMIZE
-from ..space import MICRO_BATCH, Space, effective_value
-from ..trial import TrialResult, TrialSpec, TrialState
+from ..request import MICRO_BATCH, Space, effective_value
+from ..trials import MAXIMIZE, TrialResult, TrialSpec, TrialState
 from ._space import SpaceSearch
 
 STARTUP_TRIALS = 3

@@ -1,4 +1,4 @@
-"""Searchers over a :class:`~zerotune.space.Space`: grid and random here, model-based in
+"""Searchers over a :class:`~zerotune.request.Space`: grid and random here, model-based in
 ``_model_based``. They share what is not about choosing: skipping points already measured,
 asking the caller's ``check`` (invalid combinations, memory predictions) before a launch, and
 recording what was learned."""
@@ -9,8 +9,8 @@ import abc
 import random
 from collections.abc import Callable, Iterator
 
-from ..space import Space
-from ..trial import TrialResult, TrialSpec
+from ..request import Space
+from ..trials import TrialResult, TrialSpec
 from ._base import Searcher, Suggestion
 
 Check = Callable[[TrialSpec], "str | None"]

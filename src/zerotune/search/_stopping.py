@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..ranking import better, within_noise
-from ..trial import TrialResult, TrialState
+from ..trials import TrialResult, TrialState, better, within_noise
 
 
 class EarlyStopping:

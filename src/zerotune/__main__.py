@@ -1,0 +1,7 @@
+"""``python -m zerotune``: the ``zerotune`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,10 @@
+"""The ``zerotune`` command: parsers, terminal rendering, live progress, tracking and
+``zerotune estimate``. The work is the Autotuner's."""
+
+from .._lazy import lazy_exports
+from ._main import main
+
+__getattr__ = lazy_exports(__name__, {"ProgressPrinter": "_progress", "print_summary": "_render"})
+"""The Lightning strategy's terminal output, loaded on first use: ``zerotune --help`` imports no rich."""
+
+__all__ = ["ProgressPrinter", "main", "print_summary"]

@@ -1,0 +1,7 @@
+"""``python -m zerotune.cli``: the ``zerotune`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

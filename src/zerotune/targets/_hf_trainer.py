@@ -1,0 +1,65 @@
+"""A Hugging Face ``Trainer`` script as a tuning target (``run_clm.py`` style: ``HfArgumentParser``,
+``TrainingArguments(deepspeed=...)``, ``"auto"`` values in the ds_config).
+
+Such a script fills the ds_config's batch values itself from ``--per_device_train_batch_size``
+and ``--gradient_accumulation_steps``, and refuses a config whose numbers disagree with them. So a
+trial sets the micro-batch and the accumulation through those arguments (unless the user's own
+``arg_mappings`` says otherwise) and leaves the batch keys of the config as the user had them.
+
+transformers is imported only inside the script's processes, never here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._base import ScriptTarget
+from ._command import UserCommand
+
+MICRO, GAS = "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
+TRAINER_ARGS = {MICRO: "--per_device_train_batch_size", GAS: "--gradient_accumulation_steps"}
+"""The Trainer's options for the two batch values a trial sets."""
+TRAINER_DEFAULTS = {MICRO: 8, GAS: 1}
+"""TrainingArguments' defaults for them, where the command does not give them."""
+
+_USES_TRAINER = re.compile(r"\b(TrainingArguments|Seq2SeqTrainingArguments|HfArgumentParser)\b")
+_IMPORTS_TRANSFORMERS = re.compile(r"^\s*(import|from)\s+transformers\b", re.M)
+
+
+def looks_like_hf_trainer(script: str) -> bool:
+    """The script builds Hugging Face ``TrainingArguments`` (directly or through
+    ``HfArgumentParser``): read from its source, nothing is run."""
+    try:
+        text = Path(script).read_text(errors="replace")
+    except OSError:
+        return False
+    return bool(_IMPORTS_TRANSFORMERS.search(text) and _USES_TRAINER.search(text))
+
+
+@dataclass
+class HfTrainerTarget(ScriptTarget):
+    """A script that trains with Hugging Face's ``Trainer``."""
+
+    command: UserCommand
+    kind = "a Hugging Face Trainer script"
+
+    def arg_mappings(self, config: dict, given: dict[str, str] | None) -> dict[str, str]:
+        """The Trainer's batch options; the user's own ``arg_mappings`` win key by key. (Where
+        the config has numbers, a trial writes the same numbers in both places: the Trainer
+        refuses a config that disagrees with its arguments.)"""
+        return {**TRAINER_ARGS, **(given or {})}
+
+    def script_batch(self, mappings: dict[str, str]) -> dict[str, int]:
+        """The mapped options' values in the command, or TrainingArguments' defaults for the
+        Trainer's own options where the command does not give them."""
+        given = super().script_batch(mappings)
+        return {
+            **{
+                k: TRAINER_DEFAULTS[k]
+                for k, flag in mappings.items()
+                if flag == TRAINER_ARGS.get(k) and self.command.option_value(flag) is None
+            },
+            **given,
+        }
