@@ -1,7 +1,7 @@
 # make demo: set up .venv and tune the bundled GPT example on CPU with 2 processes.
 # make test: set up .venv with the test extras, check lint and format (ruff) and the layering
-# (import-linter, contracts in pyproject.toml), then run the tests
-# (unit tests, then real DeepSpeed trials on CPU). Only the test set-up installs anything outside .venv (the browser of the report test);
+# (import-linter, contracts in pyproject.toml), build and check the package and the documentation
+# site, then run the tests (unit tests, then real DeepSpeed trials on CPU). Only the test set-up installs anything outside .venv (the browser of the report test);
 # set-up compiles DeepSpeed's CPU ops into torch's extension cache, where DeepSpeed would at first use.
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +12,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 STAMP := $(VENV)/.zerotune-installed
 TEST_STAMP := $(VENV)/.zerotune-test-installed
 
-.PHONY: setup test-setup demo test bench clean
+.PHONY: setup test-setup demo test package docs bench clean
 
 setup: $(STAMP)
 
@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml
 test-setup: $(TEST_STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test,bench,lightning,tracking,hf]'
+	$(PY) -m pip install -q -e '.[test,bench,lightning,tracking,hf,docs]'
 	# A test prerequisite, not the demo's: Debian's chromium renders report.html in the browser
 	# test, which is skipped (and says so) where it cannot be installed.
 	command -v chromium >/dev/null 2>&1 || (apt-get install -y -q chromium >/dev/null 2>&1 || \
@@ -55,10 +55,28 @@ test: test-setup
 	$(PY) -m ruff check $(LINTED)
 	$(PY) -m ruff format --check $(LINTED)
 	$(VENV)/bin/lint-imports --no-cache
+	$(MAKE) package docs
 	$(PY) -m pytest -q -ra --durations=15
+
+# The documentation site, in build/site: strict, so a broken link or an unreadable docstring fails.
+docs: test-setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -q
+
+# The sdist and wheel as PyPI would take them: built from this tree (with the venv's setuptools,
+# no download), checked by twine, and the wheel installed into a fresh venv without its
+# dependencies, where `zerotune --help` and `--version` must run: the CLI imports none of them
+# until a tuning starts.
+package: test-setup
+	rm -rf dist build/wheel-venv
+	$(PY) -m build --no-isolation --outdir dist . >/dev/null
+	$(PY) -m twine check --strict dist/*
+	python3 -m venv build/wheel-venv
+	build/wheel-venv/bin/pip install -q --no-deps dist/*.whl
+	build/wheel-venv/bin/zerotune --help >/dev/null
+	test "$$(build/wheel-venv/bin/zerotune --version)" = "zerotune $$($(PY) -c 'import zerotune; print(zerotune.__version__)')"
 
 bench: test-setup
 	DS_ACCELERATOR=cpu $(PY) bench/vs_deepspeed.py
 
 clean:
-	rm -rf demo_results autotuning_results autotuning_exps
+	rm -rf demo_results autotuning_results autotuning_exps dist build

@@ -52,6 +52,7 @@ from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+from _record import save  # noqa: E402  (bench/_record.py, beside this script)
 from procs import trial_processes  # noqa: E402
 
 FAULTY = ROOT / "tests" / "integration" / "faulty_trial.py"
@@ -284,7 +285,7 @@ def disk_full() -> tuple[bool, int, int, str]:
     return ok, lost, orphans(res), f"clear error: {clear}, half-written files: {len(half)}"
 
 
-def hostile() -> None:
+def hostile() -> dict[str, int]:
     import tempfile
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -400,6 +401,7 @@ def hostile() -> None:
         f"hostile: tried={tried} tracebacks={tracebacks} escaped={escaped} stale_reuse={stale} "
         + " ".join(f"{k}={v}" for k, v in found.items())
     )
+    return {"tried": tried, "tracebacks": tracebacks, "escaped": escaped, "stale_reuse": stale, **found}
 
 
 def owned_and_left(tmp: Path, count) -> dict[str, int]:
@@ -558,7 +560,7 @@ def owned_and_left(tmp: Path, count) -> dict[str, int]:
 
 def main() -> None:
     if "--hostile" in sys.argv:
-        hostile()
+        save("hostile", {f"hostile_{k}": v for k, v in hostile().items()}, {})
         return
     os.environ.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     scenarios = {f"trial: {f}": (lambda f=f: in_trial(f)) for f in IN_TRIAL}
@@ -588,7 +590,18 @@ def main() -> None:
             flush=True,
         )
     print(f"faults: injected={len(scenarios)} survived={survived} lost_results={lost} orphans={left}")
-    hostile()
+    counts = hostile()
+    save(
+        "faults",
+        {
+            "injected": len(scenarios),
+            "survived": survived,
+            "lost_results": lost,
+            "orphans": left,
+            **{f"hostile_{k}": v for k, v in counts.items()},
+        },
+        {},
+    )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _record import save  # bench/_record.py, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP_BATCHES = 5
 MODES = ["ours", "theirs", "tuned", "stage2_default"]
@@ -174,6 +176,11 @@ def main() -> None:
     overhead = statistics.median(a / b for a, b in zip(measured["ours"], measured["theirs"]))
     speedup = statistics.median(a / b for a, b in zip(measured["tuned"], measured["stage2_default"]))
     print(f"lightning: overhead_ratio={overhead:.3f} tuned_speedup={speedup:.3f}")
+    save(
+        "lightning_overhead",
+        {"overhead_ratio": round(overhead, 3), "tuned_speedup": round(speedup, 3)},
+        {"model": args.model, "rounds": args.rounds},
+    )
 
 
 if __name__ == "__main__":

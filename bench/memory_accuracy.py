@@ -26,6 +26,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from _record import save  # bench/_record.py, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = [
     (0, "none", "none"),
@@ -190,6 +192,17 @@ def main() -> None:
     print(
         f"memory_accuracy: median_err={statistics.median(ours) * 100:.1f}% max_err={max(ours) * 100:.1f}% "
         f"deepspeed_median_err={statistics.median(theirs) * 100:.1f}% n={len(ours)}"
+    )
+    save(
+        "memory_accuracy",
+        {
+            "median_err": round(statistics.median(ours), 4),
+            "max_err": round(max(ours), 4),
+            "deepspeed_median_err": round(statistics.median(theirs), 4),
+            "under_bound": sum(covered),
+            "configs": len(ours),
+        },
+        {},
     )
 
 

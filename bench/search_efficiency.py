@@ -28,6 +28,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from _record import save  # bench/_record.py, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 Z = "zero_optimization."
 STAGE = 2
@@ -165,6 +167,16 @@ def main() -> None:
     print(
         f"search_efficiency: model_based={means['model_based']:.1f} random={means['random']:.1f} "
         f"grid={means['gridsearch']:.1f} oracle={len(points)}"
+    )
+    save(
+        "search_efficiency",
+        {
+            "model_based": means["model_based"],
+            "random": means["random"],
+            "grid": means["gridsearch"],
+            "oracle": len(points),
+        },
+        {"seeds": list(SEEDS)},
     )
 
 

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from _record import save  # bench/_record.py, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -283,6 +285,24 @@ def main() -> None:
     print(
         f"vs_deepspeed: time_ratio={z_time / d_time:.2f} throughput_ratio={ratio} "
         f"trials={z_trials}/{d_trials} rounds_rerun={retried}"
+    )
+    same = same_config(d_best, z_best)
+    save(
+        "vs_deepspeed",
+        {
+            "time_ratio": round(z_time / d_time, 3),
+            "throughput_ratio": 1.0 if same else round(measured, 3),
+            "same_config": same,
+            "noise_ratio": round(measured, 3) if same else None,
+            "zerotune_seconds": round(z_time, 1),
+            "deepspeed_seconds": round(d_time, 1),
+            "zerotune_trials": z_trials,
+            "deepspeed_trials": d_trials,
+            "zerotune_throughput": round(z_tp, 2),
+            "deepspeed_throughput": round(d_tp, 2),
+            "chosen": describe(z_best),
+        },
+        {"model": args.model, "num_gpus": args.num_gpus, "reps": args.reps},
     )
 
 

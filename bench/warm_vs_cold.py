@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from _record import save  # bench/_record.py, beside this script
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -299,6 +301,20 @@ def main() -> None:
         f"warm_vs_cold: overhead_ratio={ratio:.2f} agree={agree}/{n} same_choice={verdict} "
         f"time_ratio={time_ratio:.2f} soak_clean={clean}/{args.soak} rss_growth_mb={growth:.0f}"
         + (f" device_growth_mb={dev_growth:.1f}" if dev_growth is not None else "")
+    )
+    save(
+        "warm_vs_cold",
+        {
+            "overhead_ratio": round(ratio, 3),
+            "agree": agree,
+            "configs": n,
+            "same_choice": verdict,
+            "time_ratio": None if time_ratio != time_ratio else round(time_ratio, 3),
+            "soak_clean": clean,
+            "rss_growth_mb": round(growth),
+            "device_growth_mb": dev_growth,
+        },
+        {"model": args.model, "num_gpus": args.num_gpus, "device": args.device, "soak": args.soak},
     )
 
 

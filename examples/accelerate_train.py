@@ -6,22 +6,20 @@ the [hf] extra (accelerate).
     zerotune tune accelerate launch --config_file examples/accelerate_deepspeed.yaml \
         examples/accelerate_train.py --per_device_train_batch_size 8 --gradient_accumulation_steps 2
 
-then train with the command zerotune wrote (autotuning_results/cmd_optimal.txt):
+(the ds_config its Accelerate config names lists stages 0-2 and an "auto" micro-batch to search);
+then, without zerotune, train with the command it wrote (autotuning_results/cmd_optimal.txt),
+its Accelerate config pointing at the chosen ds_config:
 
     accelerate launch --config_file autotuning_results/accelerate_config_optimal.yaml \
         examples/accelerate_train.py --per_device_train_batch_size 16 --gradient_accumulation_steps 1
 """
 
 import argparse
-import os
-import sys
 
 import torch
 from accelerate import Accelerator
+from gpt import GPT, MODELS, SyntheticTokens  # beside this script: its folder is on sys.path
 from torch.utils.data import DataLoader
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt import GPT, MODELS, SyntheticTokens  # noqa: E402
 
 
 def main() -> None:
@@ -53,7 +51,7 @@ def main() -> None:
             if step >= args.max_train_steps:
                 break
     engine = model  # accelerate.prepare returns DeepSpeed's engine under a DeepSpeed plugin
-    if int(os.environ.get("RANK", "0")) == 0:
+    if accelerator.is_main_process:
         print(
             f"loss={loss.item():.4f} steps={step} zero_stage={engine.zero_optimization_stage()} "
             f"micro_batch={engine.train_micro_batch_size_per_gpu()} "

@@ -1,12 +1,21 @@
 """A small GPT-style causal language model trained with DeepSpeed on synthetic tokens.
 
-A plain DeepSpeed script, the kind zerotune tunes without changes:
+A plain DeepSpeed script, the kind zerotune tunes without changes. With zerotune, which
+searches what ``ds_config.json`` lists (every ZeRO stage, micro-batches at a global batch of 64),
+then trains with its choice (``tune`` stops after the choice):
 
-    deepspeed --num_gpus 2 examples/gpt.py --deepspeed_config examples/ds_config.json
+    zerotune run --num-gpus 2 examples/gpt.py --deepspeed_config examples/ds_config.json
 
-On a machine without GPUs prefix it with ``DS_ACCELERATOR=cpu``. ``--model tiny`` picks a
-~0.2M-parameter model for fast tests; ``--model small`` (default) has ~12.6M parameters.
-From Python, ``train(ds_config_dict, model="tiny")`` trains in each rank of a launched job.
+Without it, plain DeepSpeed on a fixed config (``ds_config_fixed.json``; or the
+``ds_config_optimal.json`` a tuning wrote):
+
+    deepspeed --num_gpus 2 examples/gpt.py --deepspeed_config examples/ds_config_fixed.json
+
+On a machine without GPUs prefix either with ``DS_ACCELERATOR=cpu``. ``--model tiny`` picks a
+~0.2M-parameter model for fast tests; ``--model small`` (default) has ~12.6M parameters;
+``--steps`` the optimizer steps. ``ds_config_gpu.json`` is a GPU job's config to tune (bf16,
+stages 1-3, the optimizer offloaded or not). From Python, ``train(ds_config_dict, model="tiny")``
+trains in each rank of a launched job.
 """
 
 import argparse

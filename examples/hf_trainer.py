@@ -3,14 +3,23 @@ TrainingArguments(deepspeed=...), and "auto" batch values in the ds_config. A sm
 built from a config (nothing is downloaded) and trained on generated tokens. Needs the [hf]
 extra (transformers, accelerate).
 
-    deepspeed --num_gpus 2 examples/hf_trainer.py --deepspeed examples/ds_config_hf_trainer.json \
-        --output_dir hf_out --per_device_train_batch_size 8 --max_steps 20 --report_to none
+With zerotune, which searches what ``ds_config_hf_trainer.json`` lists (ZeRO stages 1 and 2,
+the micro-batch) at the global batch the arguments give (8 x 2 x 2 processes):
 
     zerotune tune --num-gpus 2 examples/hf_trainer.py --deepspeed examples/ds_config_hf_trainer.json \
-        --output_dir hf_out --max_steps 200 --report_to none --save_strategy no
+        --output_dir hf_out --per_device_train_batch_size 8 --gradient_accumulation_steps 2 \
+        --max_steps 200 --report_to none --save_strategy no
 
 zerotune sees TrainingArguments and sets each trial's micro-batch and accumulation through
---per_device_train_batch_size and --gradient_accumulation_steps.
+--per_device_train_batch_size and --gradient_accumulation_steps. Without it, plain DeepSpeed
+trains on the config it chose, with the batch options it wrote (autotuning_results/cmd_optimal.txt
+has the whole command):
+
+    deepspeed --num_gpus 2 examples/hf_trainer.py --deepspeed autotuning_results/ds_config_optimal.json \
+        --output_dir hf_out --per_device_train_batch_size 16 --gradient_accumulation_steps 1 \
+        --max_steps 200 --report_to none --save_strategy no
+
+On a machine without GPUs prefix either with ``DS_ACCELERATOR=cpu``.
 """
 
 from dataclasses import dataclass, field

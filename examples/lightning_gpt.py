@@ -9,17 +9,13 @@ DataModule's ``batch_size`` attribute, where Lightning's BatchSizeFinder also lo
 """
 
 import argparse
-import os
-import sys
 
 import lightning as L
 import torch
+from gpt import GPT, MODELS, SyntheticTokens  # beside this script: its folder is on sys.path
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt import GPT, MODELS, SyntheticTokens  # noqa: E402
-
-import zerotune.lightning  # noqa: E402,F401  (registers strategy="deepspeed_autotune")
+import zerotune.lightning  # noqa: F401  (registers strategy="deepspeed_autotune")
 
 
 class GPTModule(L.LightningModule):

@@ -149,3 +149,17 @@ def test_a_nul_byte_in_an_argument_is_one_clear_error(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "contains a NUL byte" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["tune", "--help"]], ids=" ".join)
+def test_a_reader_that_went_away_ends_the_output_quietly(argv):
+    # `zerotune --help | head -1`: the pipe's reader is gone before the help is written.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "zerotune", *argv], stdout=write, stderr=subprocess.PIPE, text=True, timeout=120
+        )
+    finally:
+        os.close(write)
+    assert done.stderr == "" and done.returncode in (0, 1)  # argparse itself ignores the broken pipe

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 
 
@@ -22,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`zerotune show DIR | head`): stop quietly, as a pipe's writer does;
+        # stdout goes to /dev/null so that the interpreter's own flush at exit raises nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except OSError as e:  # a file zerotune was pointed at cannot be read or written: name it
         where = f" {e.filename}" if e.filename else ""
         print(_error(f"cannot use{where}: {e.strerror or e}; check the path and its permissions"), file=sys.stderr)

@@ -295,3 +295,13 @@ def results_parser(name: str) -> argparse.ArgumentParser:
     )
     p.add_argument("results_dir", metavar="RESULTS_DIR", help="the results folder of a tuning")
     return p
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of the command ``name`` (one of COMMANDS): what the CLI parses with, and what
+    its reference page is made from."""
+    if name == "estimate":
+        return estimate_parser()
+    if name in ("show", "report"):
+        return results_parser(name)
+    return tune_parser(name)

@@ -41,7 +41,7 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
     trained with.
 
     Args:
-        *args, **kwargs: All of DeepSpeedStrategy's arguments.
+        *args: DeepSpeedStrategy's positional arguments.
         autotune: Tune on the first ``fit`` (default True; env ``ZEROTUNE_AUTOTUNE=0`` turns it off).
         stages: ZeRO stages to search (default: all, or the ``stage`` / config's stage if given).
         offload: Offload to CPU (optimizer; for stage 3 also parameters): None (default) where
@@ -49,14 +49,23 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
         metric: "throughput" (default), "latency" or "flops".
         global_batch: Samples per optimizer step to keep fixed (default: the script's
             ``batch_size`` x ``accumulate_grad_batches`` x processes).
-        time_budget, max_trials, memory_per_device: The same names and meanings as the Python
-            API's (:class:`zerotune.Autotuner`) and the CLI's options.
-        trial_timeout, stall_timeout, precision, max_measure_seconds, remeasure_seconds,
-            remeasure_rounds, max_steps, max_warmup_steps, tie_margin: The measurement policy, under the
-            Python API's and the CLI's names (None: its default).
+        time_budget: Seconds (or "20m") after which no trial starts, as the Python API's.
+        max_trials: Trials launched at most (``tuner_num_trials``).
+        memory_per_device: The memory budget per process, as the Python API's.
+        trial_timeout: End a trial after this many seconds in all. This and the next eight are
+            the measurement policy (:class:`zerotune.trials.MeasureSettings`), None its default.
+        stall_timeout: End a trial with no step on any rank for this many seconds.
+        precision: Stop measuring once the 95% interval of the step time is within this fraction.
+        max_measure_seconds: Measure a trial for at most this many seconds of timed steps.
+        remeasure_seconds: The window of each re-measurement of the configurations within noise.
+        remeasure_rounds: Rounds of re-measurement at most.
+        max_steps: Timed steps a trial takes at most.
+        max_warmup_steps: Steps warm-up takes at most.
+        tie_margin: How much speed memory headroom may cost in the choice.
         cache_dir: Where results are kept (default ``$ZEROTUNE_CACHE_DIR``, else
             ``~/.cache/zerotune/lightning``).
         retune: Tune again even when a result is cached.
+        **kwargs: DeepSpeedStrategy's keyword arguments (``config``, ``stage``, ``offload_optimizer``, ...).
     """
 
     strategy_name = "deepspeed_autotune"

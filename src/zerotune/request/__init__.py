@@ -6,6 +6,7 @@ from ._config import (
     MAX_MICRO_BATCH,
     MAX_PROCESSES,
     STAGES,
+    AutotuningConfig,
     TuningRequest,
     load_ds_config,
     parse_request,
@@ -15,6 +16,7 @@ from ._config import (
 from ._space import MICRO_BATCH, Dimension, Space, effective_value, invalid_reason, stage_dimensions, trial_config
 
 __all__ = [
+    "AutotuningConfig",
     "Dimension",
     "MAX_GLOBAL_BATCH",
     "MAX_MICRO_BATCH",

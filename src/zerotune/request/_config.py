@@ -48,30 +48,95 @@ class AutotuningConfig(BaseModel):
     """DeepSpeed's ``autotuning`` keys. Defaults are DeepSpeed's, except where noted."""
 
     model_config = ConfigDict(extra="forbid")
-    enabled: bool = False
-    fast: bool = True
-    results_dir: str = "autotuning_results"
-    exps_dir: str = "autotuning_exps"
-    # DeepSpeed defaults to True; zerotune keeps finished trials so a rerun resumes.
-    overwrite: bool = False
-    metric: Literal["throughput", "latency", "flops"] = "throughput"
-    metric_path: str | None = None
-    start_profile_step: int = Field(default=3, ge=1, le=10_000)
-    end_profile_step: int = Field(default=5, ge=2, le=10_000)
-    tuner_type: Literal["gridsearch", "random", "model_based"] = "gridsearch"
-    tuner_early_stopping: int = Field(default=5, ge=1, le=100_000)
-    tuner_num_trials: int = Field(default=50, ge=1, le=100_000)
-    arg_mappings: dict[str, str] | None = None
-    max_train_batch_size: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
-    min_train_micro_batch_size_per_gpu: int = Field(default=1, ge=1, le=MAX_MICRO_BATCH)
-    max_train_micro_batch_size_per_gpu: int = Field(default=1024, ge=1, le=MAX_MICRO_BATCH)
-    num_tuning_micro_batch_sizes: int = Field(default=3, ge=1, le=64)
-    mp_size: int = Field(default=1, ge=1, le=MAX_PROCESSES)
-    model_info: ModelInfo | None = None
-    model_info_path: str | None = None
-    # zerotune's own: run trials in warm processes (one launch serving many trials); false keeps
-    # one launch per trial (the CLI's --cold-trials).
-    warm_trials: bool = True
+    enabled: bool = Field(
+        default=False, description="DeepSpeed's switch for `deepspeed --autotuning`; zerotune tunes either way."
+    )
+    fast: bool = Field(
+        default=True,
+        description="True: the ZeRO stage, offload and micro-batch only; false: also the ZeRO knobs (bucket "
+        "sizes, prefetch), searched around each stage's best micro-batch.",
+    )
+    results_dir: str = Field(
+        default="autotuning_results", description="Where the trials and outputs go (`--results-dir` overrides it)."
+    )
+    exps_dir: str = Field(
+        default="autotuning_exps",
+        description="Where set, each trial's experiment (its config and command) is also written here, as "
+        "DeepSpeed lays it out.",
+    )
+    overwrite: bool = Field(
+        default=False,
+        description="Remove the trials of an earlier tuning of the folder first. DeepSpeed's default is true; "
+        "zerotune keeps finished trials so that a rerun resumes.",
+    )
+    metric: Literal["throughput", "latency", "flops"] = Field(
+        default="throughput",
+        description="What the choice optimises: samples/s, seconds per step (lowest wins) or FLOP/s per process.",
+    )
+    metric_path: str | None = Field(
+        default=None, description="Accepted as DeepSpeed reads it; zerotune measures the metric itself."
+    )
+    start_profile_step: int = Field(
+        default=3,
+        ge=1,
+        le=10_000,
+        description="Where set, timing starts at this step; otherwise warm-up ends when step times settle.",
+    )
+    end_profile_step: int = Field(
+        default=5,
+        ge=2,
+        le=10_000,
+        description="With `start_profile_step`: a trial times at least end - start steps (at least 3).",
+    )
+    tuner_type: Literal["gridsearch", "random", "model_based"] = Field(
+        default="gridsearch",
+        description="How the ZeRO knobs are searched (`fast: false`): every point, a random order, or Optuna's TPE.",
+    )
+    tuner_early_stopping: int = Field(
+        default=5,
+        ge=1,
+        le=100_000,
+        description="A knob search stops after this many trials in a row without a better one.",
+    )
+    tuner_num_trials: int = Field(default=50, ge=1, le=100_000, description="Trials launched at most in one tuning.")
+    arg_mappings: dict[str, str] | None = Field(
+        default=None,
+        description='The script\'s options that carry ds_config keys, e.g. `{"train_micro_batch_size_per_gpu": '
+        '"--per_device_train_batch_size"}`: each trial passes its values through them.',
+    )
+    max_train_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_GLOBAL_BATCH,
+        description="The global batch (samples per optimizer step) every trial keeps; default: the "
+        "ds_config's `train_batch_size`, else none is fixed.",
+    )
+    min_train_micro_batch_size_per_gpu: int = Field(
+        default=1, ge=1, le=MAX_MICRO_BATCH, description="The smallest micro-batch tried."
+    )
+    max_train_micro_batch_size_per_gpu: int = Field(
+        default=1024, ge=1, le=MAX_MICRO_BATCH, description="The largest micro-batch tried."
+    )
+    num_tuning_micro_batch_sizes: int = Field(
+        default=3, ge=1, le=64, description="Micro-batches measured per stage, around the largest that fits."
+    )
+    mp_size: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PROCESSES,
+        description="The model-parallel degree: data-parallel ranks are the processes / `mp_size`.",
+    )
+    model_info: ModelInfo | None = Field(
+        default=None,
+        description="What is known of the model (`num_params`, `hidden_size`, `num_layers`): the memory model "
+        "starts from it instead of the first trial.",
+    )
+    model_info_path: str | None = Field(default=None, description="Accepted as DeepSpeed reads it.")
+    warm_trials: bool = Field(
+        default=True,
+        description="zerotune's own: trials on one node run in warm processes, one launch serving many; "
+        "false starts each in processes of its own (`--cold-trials`).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> AutotuningConfig:

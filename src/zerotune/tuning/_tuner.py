@@ -74,7 +74,8 @@ class Autotuner:
             ``searcher``, ``offload``, ``time_budget``, ``retry_failed``).
         on_event: Receives a :class:`~zerotune.TuningEvent` for each step of progress; the core
             never prints.
-        launcher, node: How trials start and what machine this is (default: found).
+        launcher: How trials start (default: the cluster's, local or multi-node).
+        node: What machine this is (default: found).
         target: What is tuned, where a face built it (the Lightning strategy's program); default:
             found from ``command`` (:func:`zerotune.targets.detect`; a script without a ds_config
             that imports Lightning is found to be a Lightning program).
