@@ -79,7 +79,7 @@ def setup(name: str) -> tuple[Path, Path]:
     cfg.write_text(
         json.dumps(
             {
-                "train_micro_batch_size_per_gpu": 4,
+                "train_micro_batch_size_per_gpu": [4],
                 "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
                 "zero_optimization": {"stage": [0, 1]},
                 "autotuning": {"start_profile_step": 2, "end_profile_step": 5},

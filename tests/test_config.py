@@ -4,6 +4,7 @@ import pytest
 
 from zerotune import ConfigError
 from zerotune.request._config import AutotuningConfig, load_ds_config, parse_request
+from zerotune.trials import TrialSpec
 
 
 def req(cfg, world=2):
@@ -52,9 +53,13 @@ def test_unknown_key_is_named_with_a_suggestion():
         req({"autotuning": {"model_info": {"hidden": 3}}})
 
 
+SECTION = {"autotuning": {"enabled": True}}
+"""A config with an autotuning section: DeepSpeed's meanings."""
+
+
 @pytest.mark.parametrize("stage, expected", [(None, [0, 1, 2, 3]), ("all", [0, 1, 2, 3]), (2, [2]), ([3, 1], [1, 3])])
-def test_stage_forms(stage, expected):
-    cfg = {"zero_optimization": {"stage": stage}} if stage is not None else {}
+def test_stage_forms_with_an_autotuning_section_mean_what_deepspeed_reads(stage, expected):
+    cfg = {**SECTION, "zero_optimization": {"stage": stage}} if stage is not None else dict(SECTION)
     assert req(cfg).stages == expected
 
 
@@ -64,10 +69,89 @@ def test_invalid_stage(stage):
         req({"zero_optimization": {"stage": stage}})
 
 
-@pytest.mark.parametrize("mb, expected", [("auto", None), (None, None), (8, [8]), ([16, 4], [4, 16])])
-def test_micro_batch_forms(mb, expected):
-    cfg = {"train_micro_batch_size_per_gpu": mb} if mb is not None else {}
-    assert req(cfg).micro_batches == expected
+@pytest.mark.parametrize(
+    "mb, expected, floor", [("auto", None, 1), (None, None, 1), (8, None, 8), ([8], [8], 1), ([16, 4], [4, 16], 1)]
+)
+def test_micro_batch_forms_with_an_autotuning_section_mean_what_deepspeed_reads(mb, expected, floor):
+    # An int is where the search starts, upwards (DeepSpeed's autotuner runs it first, then
+    # larger ones); a list is the candidates, and a list of one fixes it.
+    cfg = {**SECTION, "train_micro_batch_size_per_gpu": mb} if mb is not None else dict(SECTION)
+    r = req(cfg)
+    assert r.micro_batches == expected and r.autotuning.min_train_micro_batch_size_per_gpu == floor
+
+
+PRODUCTION = {
+    "train_batch_size": 64,
+    "train_micro_batch_size_per_gpu": 4,
+    "zero_optimization": {"stage": 2},
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+}
+"""A config that trains as it stands: no autotuning section."""
+
+
+@pytest.mark.parametrize("section", [None, {"enabled": False}], ids=["no section", "enabled false"])
+def test_a_config_that_trains_as_it_stands_is_tuned_around_the_users_own(section):
+    cfg = {**PRODUCTION, **({"autotuning": section} if section else {})}
+    r = req(cfg)
+    assert r.own == TrialSpec(stage=2, micro_batch=4, grad_accum=8) and r.global_batch == 64
+    assert r.stages == [0, 1, 2, 3] and r.micro_batches is None and r.around == {"stage", "micro-batch"}
+    assert r.autotuning.fast and r.offload is None and r.space_config["optimizer"] == PRODUCTION["optimizer"]
+
+
+@pytest.mark.parametrize(
+    "search, stages, micro_batches, fast, offload",
+    [
+        ("stage", [0, 1, 2, 3], [4], True, False),
+        ("micro-batch", [2], None, True, False),
+        ("stage,micro-batch,offload,knobs", [0, 1, 2, 3], None, False, True),
+        (["knobs"], [2], [4], False, False),
+    ],
+)
+def test_search_names_what_is_searched_around_it(search, stages, micro_batches, fast, offload):
+    from zerotune.request import parse_search
+
+    r = parse_request(PRODUCTION, world_size=2, search=parse_search(search))
+    assert (r.stages, r.micro_batches, r.autotuning.fast, r.offload) == (stages, micro_batches, fast, offload)
+    assert r.own == TrialSpec(stage=2, micro_batch=4, grad_accum=8) and r.global_batch == 64
+
+
+def test_what_search_leaves_out_stays_as_the_config_trains_with_it():
+    from zerotune.request import parse_search
+
+    # No stage: DeepSpeed's default, 0; no micro-batch: the one train_batch_size gives.
+    r = parse_request({"train_batch_size": 32}, world_size=2, search=parse_search("knobs"))
+    assert (r.stages, r.micro_batches) == ([0], [16]) and r.own == TrialSpec(stage=0, micro_batch=16, grad_accum=1)
+
+
+def test_a_config_that_offloads_searches_offload_around_it():
+    zero = {"stage": 3, "offload_optimizer": {"device": "cpu"}}
+    r = req({**PRODUCTION, "zero_optimization": zero})
+    assert r.around == {"stage", "micro-batch", "offload"} and r.offload is True
+
+
+def test_the_users_global_batch_is_kept_where_only_the_micro_batch_gives_it():
+    r = req({"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}})
+    assert r.global_batch == 8 * 2 * 2 and r.own == TrialSpec(stage=1, micro_batch=8, grad_accum=2)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {**SECTION, "zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 4},
+        {**SECTION, "zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": "auto"},
+        {**PRODUCTION, "zero_optimization": {"stage": 2, "reduce_bucket_size": [5e7, 5e8]}},
+    ],
+    ids=["stage list", "auto micro-batch", "knob list"],
+)
+def test_a_config_that_leaves_a_choice_to_the_search_names_no_own_config(cfg):
+    assert req(cfg).own is None
+
+
+def test_an_unknown_search_name_is_refused_with_the_known_ones():
+    from zerotune.request import parse_search
+
+    with pytest.raises(ConfigError, match="--search precision: .*stage, micro-batch, offload, knobs"):
+        parse_search("stage,precision")
 
 
 def test_min_above_max():

@@ -21,7 +21,7 @@ def test_ties_are_measured_again_interleaved_and_the_choice_made_on_those(tuner_
     tuner = tuner_factory(
         launcher=launcher,
         memory=TIGHT_MEMORY,
-        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
     )
     result = tuner.tune()
     confirms = [j for j in launcher.jobs if j.trial_dir.name.startswith("confirm")]
@@ -48,7 +48,7 @@ def test_one_round_settles_it_where_each_re_measurement_agrees_with_its_trial(tu
         FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05), FakeMachine(speed={1: 1.045, 2: 1.0}, rel_ci=0.003)
     )
     tuner = tuner_factory(
-        launcher=launcher, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+        launcher=launcher, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]}
     )
     result = tuner.tune()
     note = next(n for n in result.notes if n.startswith("confirmed:"))
@@ -66,7 +66,7 @@ def test_the_choice_is_shown_with_the_figures_it_was_made_on(tuner_factory):
     again = FakeMachine(speed={1: 1.3, 2: 1.05}, rel_ci=0.01)
     tuner = tuner_factory(
         launcher=DriftingLauncher(first, again),
-        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
     )
     result = tuner.tune()
     loaded = load_results(tuner.results_dir)
@@ -92,7 +92,7 @@ def confirm_jobs(tuner_factory, again_ci, again_speed):
     tuner = tuner_factory(
         launcher=launcher,
         memory=TIGHT_MEMORY,
-        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
     )
     result = tuner.tune()
     note = next(n for n in result.notes if n.startswith("confirmed:"))
@@ -131,7 +131,7 @@ def test_a_headroom_pick_not_shown_within_the_margin_leaves_the_fastest_after_on
 def test_a_clear_winner_is_not_measured_again(tuner_factory):
     tuner = tuner_factory(
         machine=FakeMachine(speed={1: 1.5, 2: 1.0}, rel_ci=0.01),
-        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
     )
     result = tuner.tune()
     assert not any(j.trial_dir.name.startswith("confirm") for j in tuner.launcher.jobs)
@@ -143,7 +143,7 @@ def test_a_trial_stopped_early_is_not_measured_again(tuner_factory):
     # interval, but shown (one-sided, two-sample) unable to beat it, so not tied with it.
     tuner = tuner_factory(
         machine=FakeMachine(speed={1: 1.0, 2: 0.9}, rel_ci=0.01, stops_early=True),
-        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
     )
     result = tuner.tune()
     stopped = next(t for t in result.trials if t.spec.stage == 2)
@@ -161,7 +161,7 @@ def test_a_failed_re_measurement_drops_that_candidate(tuner_factory):
     again = FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.01, crash={"z2_mb8_gas4"})
     tuner = tuner_factory(
         launcher=DriftingLauncher(first, again),
-        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
     )
     result = tuner.tune()
     assert result.best.spec.stage == 1
@@ -249,7 +249,7 @@ def test_a_rerun_that_resumes_reuses_the_re_measurements(tuner_factory):
             launcher=DriftingLauncher(
                 FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05), FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)
             ),
-            config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+            config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
         )
 
     first = make()
@@ -271,7 +271,7 @@ def test_a_rerun_with_another_tie_margin_measures_the_ties_again(tuner_factory):
             launcher=DriftingLauncher(
                 FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05), FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)
             ),
-            config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+            config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
             **kw,
         )
 
@@ -297,7 +297,7 @@ def warm_tuner(tuner_factory, again_speed, again_ci, first_ci=0.05):
         FakeMachine(speed={1: again_speed, 2: 1.0}, rel_ci=again_ci),
     )
     return tuner_factory(
-        launcher=launcher, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+        launcher=launcher, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]}
     )
 
 
@@ -414,7 +414,7 @@ def test_a_re_measurement_measures_five_seconds_and_as_many_steps_as_a_trial(tun
     tuner = tuner_factory(
         launcher=launcher,
         results_dir=tmp_path / "r",
-        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
     )
     tuner.tune()
     trials = [j for j in launcher.jobs if not j.trial_dir.name.startswith("confirm")]
@@ -451,7 +451,7 @@ def three_candidates(tuner_factory, again):
     """Stages 0-2 tied in their trials (5% intervals); ``again`` measures them again."""
     launcher = DriftingLauncher(FakeMachine(speed={0: 0.97, 1: 1.02, 2: 1.0}, rel_ci=0.05), again)
     tuner = tuner_factory(
-        launcher=launcher, config={"zero_optimization": {"stage": [0, 1, 2]}, "train_micro_batch_size_per_gpu": 8}
+        launcher=launcher, config={"zero_optimization": {"stage": [0, 1, 2]}, "train_micro_batch_size_per_gpu": [8]}
     )
     result = tuner.tune()
     note = next(n for n in result.notes if n.startswith("confirmed:"))
@@ -483,7 +483,7 @@ def test_a_drift_against_the_verdict_gets_no_second_round(tuner_factory):
         FakeMachine(speed={1: 1.02, 2: 1.0}, rel_ci=0.05), FakeMachine(speed={1: 0.96, 2: 0.85}, rel_ci=0.005)
     )
     tuner = tuner_factory(
-        launcher=launcher, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+        launcher=launcher, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]}
     )
     result = tuner.tune()
     note = next(n for n in result.notes if n.startswith("confirmed:"))

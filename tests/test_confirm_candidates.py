@@ -8,7 +8,7 @@ from zerotune.trials._trial import Measurement, TrialResult, TrialSpec, TrialSta
 from zerotune.tuning._confirm_candidates import candidates
 from zerotune.tuning._outputs import summary_text
 
-STAGES = {"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+STAGES = {"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]}
 
 
 def noisy_lead(capped: set[int], again_speed: dict[int, float] | None = None) -> DriftingLauncher:

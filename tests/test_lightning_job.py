@@ -141,4 +141,5 @@ def test_the_programs_untuned_config_is_the_payback_baseline(lightning_tuner):
     tuner = lightning_tuner()
     assert tuner.trials.own_spec == TrialSpec(stage=2, micro_batch=8, grad_accum=2)  # Lightning's stage, its batch
     result = tuner.tune()
-    assert tuner.trials.own_spec.name in result.cost.payback_note
+    assert result.own is not None and result.own.name == tuner.trials.own_spec.name
+    assert tuner.fake.jobs[0].spec == tuner.trials.own_spec  # measured first

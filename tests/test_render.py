@@ -83,7 +83,7 @@ def test_a_step_left_out_as_a_disturbance_is_named_in_the_summary(tuner_factory)
     name = "z1_mb8_gas4"
     tuner = tuner_factory(
         machine=FakeMachine(left_out={name: [2.73]}),
-        config={"zero_optimization": {"stage": [1]}, "train_micro_batch_size_per_gpu": 8},
+        config={"zero_optimization": {"stage": [1]}, "train_micro_batch_size_per_gpu": [8]},
     )
     result = tuner.tune()
     for res in (result, load_results(tuner.results_dir)):

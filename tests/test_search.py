@@ -68,7 +68,7 @@ def test_gradient_accumulation_keeps_the_global_batch(tuner_factory):
 
 def test_within_noise_prefers_memory_headroom_near_the_budget(tuner_factory, tmp_path):
     machine = FakeMachine(speed={1: 1.006, 2: 1.0}, rel_ci=0.01)
-    config = {"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+    config = {"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]}
     result = tuner_factory(machine=machine, memory=TIGHT_MEMORY, config=config).tune()
     fastest = max(result.trials, key=lambda t: t.metric("throughput"))
     assert fastest.spec.stage == 1
@@ -87,7 +87,7 @@ def test_within_noise_prefers_memory_headroom_near_the_budget(tuner_factory, tmp
 def test_clear_winner_is_not_overridden_by_headroom(tuner_factory):
     machine = FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01)
     result = tuner_factory(
-        machine=machine, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8}
+        machine=machine, config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]}
     ).tune()
     assert result.best.spec.stage == 1
 
@@ -188,7 +188,7 @@ def test_why_lost_names_the_real_reason(tuner_factory):
     result = tuner_factory(
         machine=machine,
         memory=TIGHT_MEMORY,
-        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
     ).tune()
     (loser,) = [t for t in result.trials if t is not result.best]
     # Both were measured again side by side (a confirmed choice): the reason reads those figures.
@@ -197,7 +197,7 @@ def test_why_lost_names_the_real_reason(tuner_factory):
     result = tuner_factory(
         machine=machine,
         results_dir=result.results_dir.parent / "r2",
-        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": 8},
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
     ).tune()
     (loser,) = [t for t in result.trials if t is not result.best]
     assert "which measured better" in result.why_lost(loser)

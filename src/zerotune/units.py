@@ -81,3 +81,14 @@ def format_size(n: float | None) -> str:
     if n is None:
         return "-"
     return f"{n / GIB:.2f} GiB" if n >= GIB / 10 else f"{n / 1024**2:.0f} MiB"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as a person reads it: 45 s, 12 min, 3.2 h, 2.1 days."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 36 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

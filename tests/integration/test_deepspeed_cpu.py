@@ -26,7 +26,7 @@ def cpu_accelerator(monkeypatch):
 
 def config(tmp_path, **top):
     cfg = {
-        "train_micro_batch_size_per_gpu": 8,
+        "train_micro_batch_size_per_gpu": [8],
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": [1, 2]},
         "autotuning": {"max_train_batch_size": 32, "start_profile_step": 2, "end_profile_step": 5},
@@ -198,7 +198,7 @@ def test_python_api_with_a_function_entry_point(tmp_path):
         sys.path.remove(str(tmp_path))
     events = []
     cfg = {
-        "train_micro_batch_size_per_gpu": 4,
+        "train_micro_batch_size_per_gpu": [4],
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": 2},
         "autotuning": {"start_profile_step": 2},

@@ -55,7 +55,7 @@ def tuning_config(tmp_path, stage):
     cfg.write_text(
         json.dumps(
             {
-                "train_micro_batch_size_per_gpu": 4,
+                "train_micro_batch_size_per_gpu": [4],
                 "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
                 "zero_optimization": {"stage": stage},
                 "autotuning": {"start_profile_step": 2, "end_profile_step": 5},

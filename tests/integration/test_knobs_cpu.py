@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 
 def test_fast_false_runs_a_knob_search_with_real_deepspeed(tmp_path):
     cfg = {
-        "train_micro_batch_size_per_gpu": 8,
+        "train_micro_batch_size_per_gpu": [8],
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": 2, "overlap_comm": [True, False]},
         "autotuning": {

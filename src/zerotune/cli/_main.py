@@ -151,7 +151,7 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
             master_addr=args.master_addr,
         ),
         measure=MeasureSettings.of(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MeasureSettings)}),
-        search=SearchSettings(time_budget=args.time_budget, retry_failed=args.retry_failed),
+        search=SearchSettings(time_budget=args.time_budget, retry_failed=args.retry_failed, search=args.search),
         on_event=lambda e: [s(e) for s in sinks],
     )
     printer.watch(tuner)

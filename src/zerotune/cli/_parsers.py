@@ -154,6 +154,14 @@ def tune_parser(name: str) -> argparse.ArgumentParser:
         help=f"steps warm-up takes at most before timing starts (default {MEASURE_DEFAULTS.max_warmup_steps})",
     )
     p.add_argument(
+        "--search",
+        default=None,
+        metavar="WHAT",
+        help="what to search around your own ds_config, the rest kept as you set it: any of stage, micro-batch, "
+        "offload, knobs, comma-separated (default: the autotuning section's meanings where the config has one; "
+        "else stage,micro-batch at your global batch, and offload where your config offloads)",
+    )
+    p.add_argument(
         "--tie-margin",
         type=float,
         default=None,

@@ -215,6 +215,7 @@ class JsonEvents:
                     "notes": result.notes,
                     "env": result.env,
                     "cost": result.cost.to_dict() if result.cost is not None else None,
+                    "own": result.own.to_dict() if result.own is not None else None,
                 }
             )
             + "\n"

@@ -40,6 +40,8 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
         )
         if line := result.env_line():
             console.print(safe(line))
+    for line in result.own.lines() if result.own is not None else []:
+        console.print(f"[bold]{safe(line)}[/]" if line.startswith("your config") else safe(line))
     for note in result.notes:
         console.print(f"[dim]note:[/] {safe(note)}")  # notes quote trial reasons: never markup
     for line in result.cost.lines() if result.cost is not None else []:

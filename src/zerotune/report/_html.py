@@ -109,6 +109,11 @@ def write_report(results_dir: str | Path) -> Path:
         if best
         else "<h2>Chosen</h2><p id='best'>no configuration ran successfully</p>",
         "<h3>Against your config</h3>"
+        + (
+            "<p id='own'>" + "<br>".join(html.escape(line) for line in result.own.lines()) + "</p>"
+            if result.own is not None
+            else ""
+        )
         + (_table(["key", "yours", "chosen"], [list(d) for d in diff]) if diff else "<p>no difference</p>"),
         "<h2>Throughput</h2>" + images[0],
         "<h2>Memory</h2>" + images[1],

@@ -13,9 +13,12 @@ from ._config import (
     parse_stages,
     read_config_text,
 )
+from ._own import SEARCHABLE, parse_search
 from ._space import MICRO_BATCH, Dimension, Space, effective_value, invalid_reason, stage_dimensions, trial_config
 
 __all__ = [
+    "SEARCHABLE",
+    "parse_search",
     "AutotuningConfig",
     "Dimension",
     "MAX_GLOBAL_BATCH",

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .._errors import ConfigError
+from ..trials import TrialSpec
+from ._own import default_search, own_spec, own_values, tunes_around
 
 STAGES = (0, 1, 2, 3)
 OBJECT_SECTIONS = (
@@ -187,6 +189,15 @@ class TuningRequest:
     """Micro-batches the user fixed (an int or a list); None means search the bounds."""
     global_batch: int | None
     """Fixed train batch size (max_train_batch_size, else the user's train_batch_size), or None."""
+    own: TrialSpec | None = None
+    """The user's own configuration, where the config names one (see request._own): measured
+    first, and what the choice is compared with."""
+    around: frozenset[str] | None = None
+    """Where the config is tuned around (see request._own): what is searched; None where the
+    autotuning section's meanings apply."""
+    offload: bool | None = None
+    """Whether offload is searched, as the config asks: True (searched too), False (never), None
+    (only where nothing fits without it)."""
 
     def base(self, stage: int) -> dict[str, Any]:
         """What the micro-batch search runs at ``stage``: each listed knob at its first value that
@@ -387,13 +398,19 @@ def _check_batch_triple(config: dict[str, Any], dp: int) -> None:
 
 
 def parse_request(
-    ds_config: dict[str, Any], *, world_size: int, script_batch: dict[str, int] | None = None
+    ds_config: dict[str, Any],
+    *,
+    world_size: int,
+    script_batch: dict[str, int] | None = None,
+    search: frozenset[str] | None = None,
 ) -> TuningRequest:
     """Validate ``ds_config`` for tuning on ``world_size`` processes. ``script_batch``: the batch
     values the command gives the script's mapped options (arg_mappings), which set the global
-    batch where neither the config nor the autotuning section does."""
+    batch where neither the config nor the autotuning section does. ``search``: what to search
+    around the user's config (``--search``; see request._own), None for the default."""
     config = load_ds_config(ds_config)
-    section = config.pop("autotuning", None) or {}
+    given_section = config.pop("autotuning", None)
+    section = given_section or {}
     if not isinstance(section, dict):
         raise ConfigError("autotuning: must be a JSON object {...}")
     try:
@@ -421,6 +438,8 @@ def parse_request(
         )
     dp = world_size // at.mp_size
     _check_batch_triple(config, dp)
+    script_batch = script_batch or {}
+    own = own_values(config, zero.get("stage"), micro_batches, dp, script_batch)
     global_batch = at.max_train_batch_size
     user_tbs = config.get("train_batch_size")
     if global_batch is None and isinstance(user_tbs, int) and not isinstance(user_tbs, bool):
@@ -447,6 +466,12 @@ def parse_request(
                 f"min_train_micro_batch_size_per_gpu ({at.min_train_micro_batch_size_per_gpu}); raise "
                 "max_train_batch_size or lower the minimum"
             )
+    around = search if search is not None else default_search(config) | ({"knobs"} if at.fast is False else set())
+    if not tunes_around(given_section if isinstance(given_section, dict) else None, search):
+        around = None
+    if global_batch is None and around is not None and own.micro_batch is not None:
+        gas = config.get("gradient_accumulation_steps")
+        global_batch = own.micro_batch * (gas if isinstance(gas, int) else 1) * dp  # the user's, kept
     if micro_batches is not None and global_batch is not None:
         bad = [m for m in micro_batches if (global_batch // dp) % m]
         if bad:
@@ -459,8 +484,34 @@ def parse_request(
             raise ConfigError(f"autotuning.arg_mappings.{key}: {arg!r} must be a script option such as --{arg}")
     from ._space import check_offload_devices, user_dimensions
 
-    user_dimensions(config)  # empty or repeated lists are errors now, not at the knob search
+    knob_lists = bool(user_dimensions(config))  # empty or repeated lists are errors now, not at the knob search
     check_offload_devices(config)
+    own_trial = own_spec(own, global_batch, config.get("gradient_accumulation_steps"), dp, knob_lists)
+    fixed_int = isinstance(config.get("train_micro_batch_size_per_gpu"), int)
+    offload = None
+    if around is not None:
+        if "stage" in around and not isinstance(zero.get("stage"), list):
+            stages = list(STAGES)
+        elif "stage" not in around and zero.get("stage") is None and own.stage is not None:
+            stages = [own.stage]  # DeepSpeed's default, which the config trains with
+        if "micro-batch" in around and fixed_int:
+            micro_batches = None
+        elif "micro-batch" not in around and micro_batches is None and own_trial is not None:
+            micro_batches = [own_trial.micro_batch]  # the config's, given through train_batch_size
+        at = at.model_copy(update={"fast": "knobs" not in around})
+        offload = True if "offload" in around else (False if search is not None else None)
+    elif fixed_int and micro_batches is not None:
+        # DeepSpeed's meaning: the user's micro-batch is where the search starts, upwards.
+        at = at.model_copy(update={"min_train_micro_batch_size_per_gpu": micro_batches[0]})
+        at.max_train_micro_batch_size_per_gpu = max(at.max_train_micro_batch_size_per_gpu, micro_batches[0])
+        micro_batches = None
     return TuningRequest(
-        space_config=config, autotuning=at, stages=stages, micro_batches=micro_batches, global_batch=global_batch
+        space_config=config,
+        autotuning=at,
+        stages=stages,
+        micro_batches=micro_batches,
+        global_batch=global_batch,
+        own=own_trial,
+        around=around,
+        offload=offload,
     )

@@ -13,11 +13,14 @@ from ._confirmed import (
 )
 from ._cost import TuningCost, tuning_cost
 from ._folder import OUTPUTS, FolderBusyError, FolderLock, busy, claim, discard, expand
+from ._own_config import OwnConfig, compare_with_own
 from ._record import Identity, TuningEvent, TuningRecord, read_session
 from ._result import TuningResult, load_results, no_choice_message
 from ._store import RESULT, SESSION, DamagedTrial, ResultStore
 
 __all__ = [
+    "OwnConfig",
+    "compare_with_own",
     "Confirmation",
     "DamagedTrial",
     "FolderBusyError",

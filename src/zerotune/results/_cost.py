@@ -1,9 +1,9 @@
-"""What a tuning cost, where the time went, and when the choice pays it back.
+"""What a tuning cost, and where the time went.
 
 Every trial's wall time splits into its timed steps (the measurement itself) and the rest:
 launch, start-up, warm-up and teardown, the overhead that warm trials and shorter measurement
-attack. Where the user's own configuration ran as a trial, the chosen one pays the tuning back
-after the training steps whose time saved adds up to what the tuning took.
+attack. When the choice pays the cost back is the comparison with the user's own config
+(results._own_config).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..trials import TrialResult, TrialSpec, TrialState
+from ..trials import TrialResult, TrialState
 
 
 @dataclass(kw_only=True)
@@ -32,10 +32,6 @@ class TuningCost:
     """Trials that ran (not pruned)."""
     remeasured: int = 0
     """Re-measurements that confirmed the choice (their time is in ``trial_time``)."""
-    payback_steps: int | None = None
-    """Training steps (at the chosen config) after which the time saved per step against the
-    user's own config adds up to the tuning's cost; None: see ``payback_note``."""
-    payback_note: str = ""
     warm: int = 0
     """Trials that ran in warm processes (launched for an earlier trial)."""
     launches: int = 0
@@ -71,15 +67,11 @@ class TuningCost:
                 f"processes: {self.warm} of {self.warm + self.launches} run(s) were warm, in processes "
                 f"an earlier trial launched; {self.launches} launch(es){why}"
             )
-        if self.payback_note:
-            out.append(f"payback: {self.payback_note}")
         return out
 
 
 def tuning_cost(
     trials: list[TrialResult],
-    best: TrialResult | None,
-    own: TrialSpec | None,
     wall_time: float,
     remeasured: list[TrialResult] | None = None,
     earlier_time: float = 0.0,
@@ -105,30 +97,4 @@ def tuning_cost(
         launches=sum(not t.warm for t in started),
         cold_reasons=list(dict.fromkeys(reasons)),
     )
-    cost.payback_steps, cost.payback_note = _payback(trials, best, own, max(cost.total_time, trial_time))
     return cost
-
-
-def _payback(
-    trials: list[TrialResult], best: TrialResult | None, own: TrialSpec | None, spent: float
-) -> tuple[int | None, str]:
-    if best is None or best.measurement is None:
-        return None, ""
-    if own is None:
-        return None, (
-            "your ds_config leaves the stage or micro-batch to the search, so there is no config of "
-            "yours to compare with"
-        )
-    mine = next((t for t in trials if t.spec == own and t.state is TrialState.OK and t.measurement), None)
-    if mine is None:
-        return None, f"your own config ({own.name}) was not measured, so the time saved is unknown"
-    if mine.name == best.name:
-        return None, f"your own config ({own.name}) is the choice: nothing to pay back, only the tuning's cost"
-    per_sample_saved = 1 / mine.measurement.throughput - 1 / best.measurement.throughput
-    if per_sample_saved <= 0:
-        return None, f"the choice is not faster per sample than your own config ({own.name})"
-    steps = int(spent / (per_sample_saved * best.measurement.samples_per_step)) + 1
-    return steps, (
-        f"after {steps} training steps at the choice, against your own config {own.name} "
-        f"({best.measurement.throughput / mine.measurement.throughput:.2f}x its throughput)"
-    )

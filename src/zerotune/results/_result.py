@@ -28,6 +28,7 @@ from ..trials import (
 from ._confirmed import confirmed_in, remeasured_in
 from ._cost import TuningCost, tuning_cost
 from ._folder import busy, expand
+from ._own_config import OwnConfig, compare_with_own
 from ._record import read_session
 from ._store import SESSION, DamagedTrial, ResultStore
 
@@ -44,7 +45,7 @@ class TuningResult:
     launched: int = 0
     """Trials actually run in this invocation (not reused from disk, not pruned)."""
     cost: TuningCost | None = None
-    """Where the tuning's time went, and when the choice pays it back."""
+    """Where the tuning's time went."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment the trials ran with that their figures depend on (CPU: OMP_NUM_THREADS)."""
     confirmed: dict[str, TrialResult] = field(default_factory=dict)
@@ -54,9 +55,12 @@ class TuningResult:
     """finished; running (a tuning holds the folder now, ``pid``); interrupted (it ended before
     its choice: stopped, or killed; a rerun resumes)."""
     pid: int | None = None
+    """The process of the tuning that wrote the record."""
     tie_margin: float = MEASURE_DEFAULTS.tie_margin
     """How much speed memory headroom could cost in the choice (MeasureSettings.tie_margin)."""
-    """The process of the tuning that wrote the record."""
+    own: OwnConfig | None = None
+    """The user's own configuration against the choice: its figure, the speed-up over it and
+    when the tuning pays back (None where the config names none)."""
 
     def state_line(self) -> str | None:
         """What a reader of an unfinished tuning is told instead of its choice."""
@@ -110,6 +114,11 @@ class TuningResult:
         """One line on why ``trial`` is not the choice."""
         if self.best is None:
             return trial.reason or trial.state.value
+        mine = "your config; " if self.own is not None and trial.name == self.own.name else ""
+        return mine + self._why_lost(trial)
+
+    def _why_lost(self, trial: TrialResult) -> str:
+        assert self.best is not None
         if trial is self.best or trial.name == self.best.name:
             return "chosen"
         if trial.state is not TrialState.OK:
@@ -292,5 +301,6 @@ def load_results(results_dir: str | Path) -> TuningResult:
         tie_margin=margin,
         notes=notes + damaged + ([choice.note] if choice and choice.note and choice.note not in notes else []),
         wall_time=wall,
-        cost=tuning_cost(trials, best, own, wall, remeasured=remeasured, earlier_time=earlier),
+        cost=(cost := tuning_cost(trials, wall, remeasured=remeasured, earlier_time=earlier)),
+        own=compare_with_own(trials, best, own, confirmed, metric, max(cost.total_time, cost.trial_time)),
     )

@@ -3,6 +3,7 @@
 from ._base import Searcher, Suggestion
 from ._microbatch import CANNOT_WIN_MARGIN, MicroBatchSearch
 from ._model_based import ModelBasedSearch
+from ._own_config import OwnConfigSearch
 from ._space import GridSearch, RandomSearch, SpaceSearch
 from ._stopping import EarlyStopping
 
@@ -16,6 +17,7 @@ __all__ = [
     "GridSearch",
     "MicroBatchSearch",
     "ModelBasedSearch",
+    "OwnConfigSearch",
     "RandomSearch",
     "Searcher",
     "SpaceSearch",

@@ -96,16 +96,10 @@ class Target(abc.ABC):
         on the tuned topology."""
 
     def own_spec(self, request, dp: int) -> TrialSpec | None:
-        """The trial that runs the user's own configuration as it stands (one stage, one
-        micro-batch), against which the choice is compared; None where the search chooses them."""
-        from ..trials import TrialSpec
-
-        if len(request.stages) != 1 or not request.micro_batches or len(request.micro_batches) != 1:
-            return None
-        mb = request.micro_batches[0]
-        given = request.space_config.get("gradient_accumulation_steps")
-        gas = request.global_batch // (mb * dp) if request.global_batch else (given if isinstance(given, int) else 1)
-        return TrialSpec(stage=request.stages[0], micro_batch=mb, grad_accum=gas) if gas >= 1 else None
+        """The trial that runs the user's own configuration as it stands (see request._own; the
+        script's mapped batch options resolve an "auto" micro-batch), measured first and compared
+        with the choice; None where the config leaves the stage or the micro-batch to a search."""
+        return request.own
 
     def output_files(self) -> tuple[str, ...]:
         """Files the target writes at the results folder's top besides every tuning's outputs

@@ -55,7 +55,8 @@ def confirm(
     this tuning launched nothing (every trial reused: what they measured is unchanged) and it
     re-measured the same candidates against the same tie margin, so that a rerun that resumes measures nothing again."""
     metric, margin = factory.request.autotuning.metric, factory.measure.tie_margin
-    chosen = candidates(choice, record.trials, metric)
+    own = next((t for t in record.trials if factory.own_spec is not None and t.spec == factory.own_spec), None)
+    chosen = candidates(choice, record.trials, metric, own)
     group = chosen.group
     if len(group) < 2:
         return None
@@ -266,7 +267,7 @@ def _decide(
     failed = [n for n in out.candidates if n not in out.confirmed]
     second = [r.name for r in out.runs[_first_round(out) :]]
     rounds = 1 if not second else 2  # one round, or more
-    letter = {r.name: "ABC"[i] for i, r in enumerate(group)}
+    letter = {r.name: "ABCDEFGH"[i] for i, r in enumerate(group)}
     order = " ".join(letter[n] for n in out.candidates + second)
     if out.from_trial is not None:
         order += "; A's first figure is its trial, which ran just before B in the same processes"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..trials import MAXIMIZE, Choice, TrialResult, TrialState
+from ..trials import MAXIMIZE, Choice, TrialResult, TrialState, tied_with
 
 MAX_CANDIDATES = 3
 DRIFT = 0.07
@@ -51,9 +51,11 @@ class Candidates:
         return f"{self.doubted.name} joined: it was stopped early against {self.against.name}'s figure, {self.why}"
 
 
-def candidates(choice: Choice, trials: list[TrialResult], metric: str) -> Candidates:
+def candidates(choice: Choice, trials: list[TrialResult], metric: str, own: TrialResult | None = None) -> Candidates:
     """The configurations the confirmation of ``choice`` measures again (see the module's doc);
-    a group of one (the pick alone) needs no confirmation."""
+    a group of one (the pick alone) needs no confirmation. ``own``, the trial of the user's
+    config, joins whenever it is within noise of the pick, beyond MAX_CANDIDATES: the speed-up
+    over it is then read from figures measured side by side."""
     doubted, against, why = doubted_loser(choice, trials, metric)
     others = choice.ties + ([doubted] if doubted is not None else [])
     group = [choice.best] + sorted(others, key=lambda r: r.metric(metric), reverse=MAXIMIZE[metric])
@@ -61,6 +63,9 @@ def candidates(choice: Choice, trials: list[TrialResult], metric: str) -> Candid
     if not any(r is doubted for r in group):
         doubted = against = None
         why = ""
+    if own is not None and own.state is TrialState.OK and all(r.name != own.name for r in group):
+        if tied_with(metric, own, choice.best):
+            group.append(own)
     return Candidates(group=group, doubted=doubted, against=against, why=why)
 
 

@@ -61,6 +61,9 @@ class PhaseRun:
                     if suggestion is None:
                         break
                     prepared = self._prepare(suggestion)
+                    if any(t is prepared for t in self.trials):
+                        searcher.observe(prepared)  # measured earlier in this tuning (the user's config)
+                        continue
                     if isinstance(prepared, TrialResult):
                         stopped = self._record(searcher, stopper, prepared)
                         continue
@@ -107,8 +110,8 @@ class PhaseRun:
         return False
 
     def _prepare(self, suggestion: Suggestion) -> TrialResult | TrialJob | None:
-        """A pruned or stored result, a job to launch, or None: a limit (tuner_num_trials,
-        time budget) stops the search before this trial."""
+        """A pruned or stored result (one this tuning has: as it is), a job to launch, or None:
+        a limit (tuner_num_trials, time budget) stops the search before this trial."""
         factory, record, spec, index = self.factory, self.record, suggestion.spec, len(self.trials)
         if suggestion.prune_reason:
             result = TrialResult(
@@ -116,6 +119,8 @@ class PhaseRun:
             )
             record.emit("pruned", index, spec, result, suggestion.prune_reason)
             return result
+        if (earlier := next((t for t in self.trials if t.spec == spec), None)) is not None:
+            return earlier
         cfg = factory.config_for(spec)
         prediction = self.model.predict(spec)
         if (result := record.lookup(spec, cfg)) is not None:

@@ -50,6 +50,8 @@ def summary_text(result: TuningResult) -> str:
             lines.append(line)
     else:
         lines.append("best: none (no trial succeeded)")
+    if result.own is not None:
+        lines += result.own.lines()
     spent = f"{result.wall_time:.0f} s"
     if result.cost is not None and result.cost.earlier_time:
         spent = f"{result.cost.total_time:.0f} s in all ({result.wall_time:.0f} s in this run)"
@@ -104,6 +106,7 @@ def write_outputs(result: TuningResult, target: Target, cluster: Cluster, mapped
             "best": result.best.name if result.best else None,
             "trials": [t.to_dict() for t in result.trials],
             "notes": result.notes,
+            "own": result.own.to_dict() if result.own is not None else None,
         },
     )
     if result.best_config is None:

@@ -11,6 +11,7 @@ from typing import Any
 from .._api_check import check_values, renamed
 from .._errors import ConfigError
 from ..launch import ClusterSettings
+from ..request import parse_search
 from ..search import Searcher
 from ..trials import MeasureSettings
 from ..units import parse_duration
@@ -29,11 +30,22 @@ class SearchSettings:
     retry_failed: bool = False
     """Run again the stored trials that failed (else only when the timeouts or the memory budget
     that failed them changed)."""
+    search: str | list[str] | None = None
+    """What to search around the user's own config (``--search``): any of "stage",
+    "micro-batch", "offload", "knobs", as a list or "stage,micro-batch"; the rest of the config
+    stays as the user set it. Default: the autotuning section's meanings where the config has one,
+    else the stage and the micro-batch at the user's global batch (and offload where it offloads)."""
 
     def __post_init__(self) -> None:
         check_values(type(self).__name__, type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         if self.time_budget is not None:
             parse_duration(self.time_budget, what="time_budget (--time-budget)")
+        parse_search(self.search)
+
+    @property
+    def dimensions(self) -> frozenset[str] | None:
+        """``search`` as the set of what is searched around the user's config; None: not given."""
+        return parse_search(self.search)
 
     @property
     def time_budget_seconds(self) -> float | None:

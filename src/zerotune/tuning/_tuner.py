@@ -27,13 +27,14 @@ from ..results import (
     TuningRecord,
     TuningResult,
     claim,
+    compare_with_own,
     discard,
     earlier_confirmation,
     expand,
     no_choice_message,
     tuning_cost,
 )
-from ..search import Searcher
+from ..search import OwnConfigSearch, Searcher
 from ..targets import Target, detect, require_config
 from ..trials import MeasureSettings, choose_best
 from ..units import parse_size
@@ -71,7 +72,8 @@ class Autotuner:
             ``max_steps``, ``max_warmup_steps``, ``remeasure_seconds``, ``remeasure_rounds``,
             ``tie_margin``).
         search: What is searched and for how long (:class:`~zerotune.tuning.SearchSettings`:
-            ``searcher``, ``offload``, ``time_budget``, ``retry_failed``).
+            ``searcher``, ``offload``, ``time_budget``, ``retry_failed``, ``search``); or only what
+            to search around your own config, ``"stage,micro-batch"`` or a list (``--search``).
         on_event: Receives a :class:`~zerotune.TuningEvent` for each step of progress; the core
             never prints.
         launcher: How trials start (default: the cluster's, local or multi-node).
@@ -95,13 +97,16 @@ class Autotuner:
         overwrite: bool | None = None,
         cluster: ClusterSettings | None = None,
         measure: MeasureSettings | None = None,
-        search: SearchSettings | None = None,
+        search: SearchSettings | str | list[str] | None = None,
         on_event: Callable[[TuningEvent], None] | None = None,
         launcher: Launcher | None = None,
         node: Node | None = None,
         target: Target | None = None,
         **options: Any,
     ):
+        if isinstance(search, (str, list)):  # what to search around the user's config, alone
+            options = {**options, "search": search}
+            search = None
         settings = settings_of(options, {"cluster": cluster, "measure": measure, "search": search})
         self.cluster_settings: ClusterSettings = settings["cluster"]
         self.measure: MeasureSettings = settings["measure"]
@@ -122,14 +127,19 @@ class Autotuner:
         )
         self.target.check_cluster(self.cluster)
         self.num_gpus, self.num_nodes, self.world = self.cluster.num_gpus, self.cluster.num_nodes, self.cluster.world
-        self.request: TuningRequest = parse_request(self.user_config, world_size=self.world)
+        around = self.search.dimensions
+        self.request: TuningRequest = parse_request(self.user_config, world_size=self.world, search=around)
         self.arg_mappings = self.target.arg_mappings(self.request.space_config, self.request.autotuning.arg_mappings)
         """Script options that carry the micro-batch and accumulation: the user's arg_mappings, or
         the ones the target knows (a Hugging Face Trainer's)."""
-        if self.arg_mappings and self.request.global_batch is None:
-            # The global batch the command trains with now, held through the mapped options.
+        if self.arg_mappings:
+            # The batch the command trains with now, given through the mapped options: the global
+            # batch to hold where the config leaves it to the script, and the user's own config.
             self.request = parse_request(
-                self.user_config, world_size=self.world, script_batch=self.target.script_batch(self.arg_mappings)
+                self.user_config,
+                world_size=self.world,
+                script_batch=self.target.script_batch(self.arg_mappings),
+                search=around,
             )
         at = self.request.autotuning
         self.budget = self._budget(machines.memory_per_device)
@@ -148,7 +158,7 @@ class Autotuner:
             measure=self.measure,
             budget=self.budget,
             arg_mappings=self.arg_mappings,
-            offload=self.search.offload,
+            offload=self.search.offload if self.search.offload is not None else self.request.offload,
             user_config=self.user_config,
             warm_trials=at.warm_trials if machines.warm_trials is None else machines.warm_trials,
         )
@@ -250,9 +260,10 @@ class Autotuner:
             env=self.cluster.run_env(),
             confirmed=confirmation.confirmed if confirmation is not None else {},
             tie_margin=self.measure.tie_margin,
-            cost=tuning_cost(
-                done, best, trials.own_spec, wall, remeasured=remeasured, earlier_time=record.earlier_time
-            ),
+            cost=(cost := tuning_cost(done, wall, remeasured=remeasured, earlier_time=record.earlier_time)),
+        )
+        self.result.own = compare_with_own(
+            done, best, trials.own_spec, self.result.confirmed, at.metric, max(cost.total_time, cost.trial_time)
         )
         record.write_session(
             "finished",
@@ -281,6 +292,8 @@ class Autotuner:
         """(searcher, stopping rule) in turn; each is built when the one before has finished."""
         from . import _phases as phases
 
+        if (own := self.trials.own_spec) is not None and self.search.searcher is None:
+            yield OwnConfigSearch(own), None  # measured first: what the choice is compared with
         yield searcher, None
         if self.search.searcher is not None:
             return
