@@ -75,7 +75,12 @@ def summary(values: list[Any]) -> str:
     numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if not numbers:
         return "-"
-    fmt = (lambda v: f"{v:g}") if all(float(v).is_integer() for v in numbers) else (lambda v: f"{v:.2f}")
+
+    def fmt(v: float) -> str:  # counts whole; a figure to three significant digits or so
+        if all(isinstance(n, int) for n in numbers):
+            return f"{v:g}"
+        return f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
     median = statistics.median(numbers)
     if len(numbers) == 1 or min(numbers) == max(numbers):
         return fmt(median)

@@ -28,4 +28,6 @@ def test_a_figure_is_summarised_by_its_median_and_range():
     assert make_page.summary([0.22, 0.51, 0.16]) == "0.22 (0.16-0.51)"
     assert make_page.summary([5, 5]) == "5"
     assert make_page.summary([9, 7, 8]) == "8 (7-9)"
+    assert make_page.summary([1.0]) == "1.00" and make_page.summary([210.1, 180.4]) == "195 (180-210)"
+    assert make_page.summary([55.38]) == "55.4"
     assert make_page.summary([None, "skipped"]) == "-"
