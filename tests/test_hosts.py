@@ -152,3 +152,60 @@ def test_trials_across_nodes_run_cold_and_say_why(tuner_factory, tmp_path):
 def test_a_hostfile_path_with_a_nul_is_a_clear_error():
     with pytest.raises(ConfigError, match="holds a NUL"):
         read_hostfile("hosts\x00file")
+
+
+def cluster(tmp_path, text, **settings):
+    from zerotune.launch import Cluster, ClusterSettings
+
+    given = ClusterSettings(hostfile=hostfile(tmp_path, text), **settings)
+    return Cluster.build(given, device="cuda", device_count=2, num_gpus=settings.get("num_gpus"))
+
+
+def test_the_hostfiles_hosts_split_into_as_many_trial_topologies_as_fit(tmp_path):
+    four = "".join(f"worker-{i} slots=2\n" for i in range(4))
+    c = cluster(tmp_path, four, num_nodes=2)
+    assert [[h.name for h in g] for g in c.groups] == [["worker-0", "worker-1"], ["worker-2", "worker-3"]]
+    slots = c.slots(None)
+    assert [[h.name for h in s.hosts] for s in slots] == [["worker-0", "worker-1"], ["worker-2", "worker-3"]]
+    assert len(c.slots(1)) == 1 and c.num_nodes == 2 and c.world == 4  # the training's topology
+    assert len(cluster(tmp_path, "".join(f"worker-{i} slots=2\n" for i in range(3)), num_nodes=2).slots(None)) == 1
+    # A host with too few slots for the trial's processes per node is left out of the pool.
+    short = cluster(tmp_path, "worker-0 slots=2\nworker-1 slots=1\nworker-2 slots=2\n", num_nodes=1, num_gpus=2)
+    assert [[h.name for h in g] for g in short.groups] == [["worker-0"], ["worker-2"]]
+
+
+def test_each_slots_trial_starts_on_its_own_hosts(tmp_path):
+    from zerotune.launch import Slot
+
+    launcher = MultiNodeLauncher(
+        [Host("worker-0", (0, 1))],
+        device="cuda",
+        launcher="torchrun",
+        pool=[Host("worker-0", (0, 1)), Host("worker-1", (0, 1))],
+    )
+    second = job(tmp_path)
+    second.slot = Slot(1, (0, 1), hosts=(Host("worker-1", (0, 1)),))
+    assert launcher.hosts_of(second) == [Host("worker-1", (0, 1))] and launcher.world(second) == 2
+    assert "--master-addr=worker-1" in launcher.torchrun_argv(2, 0, 29555, launcher.hosts_of(second))
+    assert launcher.buffer_address(second) == "worker-1" and launcher.buffer_address(job(tmp_path)) == "worker-0"
+    runner = MultiNodeLauncher([Host("worker-0", (0, 1))], device="cuda", launcher="pdsh")
+    assert "--include=worker-1:0,1" in runner.runner_argv(tmp_path / "hostfile", 29555, launcher.hosts_of(second))
+
+
+def test_the_tuner_runs_a_trial_on_every_group_of_hosts_at_once(tuner_factory, tmp_path):
+    from fakes import FakeMachine
+    from test_concurrency import SlowFake
+
+    launcher = SlowFake(FakeMachine(), target=2)
+    tuner = tuner_factory(
+        hostfile=hostfile(tmp_path, "worker-0 slots=2\nworker-1 slots=2\nworker-2 slots=2\nworker-3 slots=2\n"),
+        num_nodes=2,
+        multinode_launcher="torchrun",
+        launcher=launcher,
+    )
+    assert (tuner.num_nodes, tuner.world) == (2, 4) and len(tuner.slots) == 2
+    result = tuner.tune()
+    assert launcher.peak == 2 and result.best is not None
+    hosts = {tuple(h.name for h in j.slot.hosts) for j in launcher.jobs}
+    assert hosts == {("worker-0", "worker-1"), ("worker-2", "worker-3")}
+    assert "worker-0 worker-1" in (tmp_path / "results" / "cmd_optimal.txt").read_text()  # the training's hosts

@@ -106,3 +106,27 @@ def test_two_trials_at_once_on_disjoint_cores(tmp_path):
     assert [e["event"] for e in events].count("started") == 2
     kinds = [e["event"] for e in events if e["event"] in ("started", "finished")]
     assert kinds[:2] == ["started", "started"]  # the second started before the first finished
+
+
+def test_two_trials_at_once_on_two_nodes_of_one_process_each(tmp_path):
+    # Two "nodes" (names of this machine), trials of one node each: the hostfile holds two
+    # trial topologies, and the tuning runs a trial on each at once.
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    res = tmp_path / "results"
+    out = subprocess.run(
+        [sys.executable, "-m", "zerotune.cli", "tune", "--hostfile", str(hostfile), "--num-nodes", "1",
+         "--launcher", "torchrun", "--log-format", "json", "--results-dir", str(res), "--precision", "0.2",
+         str(GPT), "--model", "tiny", "--deepspeed_config", str(ds_config(tmp_path, [0, 1], [8]))],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    kinds = [e["event"] for e in events if e["event"] in ("started", "finished")]
+    assert kinds[:2] == ["started", "started"]  # the second started before the first finished
+    logs = sorted(res.glob("z*/cmd.txt"))
+    assert len(logs) == 2 and {"--master-addr=127.0.0.1"} <= set(logs[0].read_text().split())
+    assert trial_processes(res) == []

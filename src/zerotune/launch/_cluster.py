@@ -14,7 +14,7 @@ from pathlib import Path
 from .._errors import ConfigError
 from ..request import MAX_PROCESSES
 from ._base import Launcher
-from ._hosts import Host, read_hostfile, select_hosts
+from ._hosts import Host, host_groups, read_hostfile, select_hosts
 from ._local import LocalLauncher
 from ._multinode import MultiNodeLauncher
 from ._process import FIGURE_ENV
@@ -72,7 +72,10 @@ class Cluster:
     num_gpus: int
     """Processes per node."""
     hosts: tuple[Host, ...] | None = None
-    """From a hostfile; None: this node only."""
+    """From a hostfile, the hosts a trial (and the training) runs on; None: this node only."""
+    groups: tuple[tuple[Host, ...], ...] = ()
+    """From a hostfile, every disjoint group of hosts a trial can run on (the first is
+    ``hosts``): concurrent multi-node trials run one per group."""
     hostfile: str | None = None
     launcher_kind: str = "pdsh"
     master_addr: str | None = None
@@ -89,14 +92,15 @@ class Cluster:
             settings.exclude,
         )
         check_counts(num_gpus, num_nodes)
-        hosts = None
+        hosts, groups = None, ()
         if hostfile is not None:
+            listed = read_hostfile(hostfile)
             hosts = tuple(
-                select_hosts(
-                    read_hostfile(hostfile), num_nodes=num_nodes, num_gpus=num_gpus, include=include, exclude=exclude
-                )
+                select_hosts(listed, num_nodes=num_nodes, num_gpus=num_gpus, include=include, exclude=exclude)
             )
             num_gpus = len(hosts[0].slots)
+            found = host_groups(listed, num_nodes=len(hosts), num_gpus=num_gpus, include=include, exclude=exclude)
+            groups = (hosts, *(g for g in found if g != hosts and not set(g) & set(hosts)))
         elif include or exclude:
             raise ConfigError("--include and --exclude pick hosts from a --hostfile; give one")
         elif num_nodes not in (None, 1):
@@ -112,6 +116,7 @@ class Cluster:
             device_count=device_count,
             num_gpus=num_gpus,
             hosts=hosts,
+            groups=groups,
             hostfile=str(Path(hostfile).resolve()) if hostfile is not None else None,
             launcher_kind=settings.multinode_launcher,
             master_addr=settings.master_addr,
@@ -127,19 +132,28 @@ class Cluster:
 
     @property
     def multinode(self) -> bool:
-        """Trials start through a multi-node launcher (several hosts, or one that is not this one)."""
-        return self.hosts is not None and (len(self.hosts) > 1 or not self.hosts[0].local)
+        """Trials start through a multi-node launcher: several hosts, one that is not this one, or
+        groups of hosts that trials run on side by side."""
+        return self.hosts is not None and (len(self.hosts) > 1 or not self.hosts[0].local or len(self.groups) > 1)
 
     def make_launcher(self) -> Launcher:
         if self.multinode:
             return MultiNodeLauncher(
-                list(self.hosts), device=self.device, launcher=self.launcher_kind, master_addr=self.master_addr
+                list(self.hosts),
+                device=self.device,
+                launcher=self.launcher_kind,
+                master_addr=self.master_addr,
+                pool=[h for g in self.groups or (self.hosts,) for h in g],
             )
         return LocalLauncher(device=self.device)
 
     def slots(self, max_concurrent: int | None) -> list[Slot]:
         if self.multinode or (self.hosts is not None and self.device == "cuda"):
-            return [Slot(0, self.hosts[0].slots)]  # one multi-node trial at a time, on the hosts' slots
+            # One trial per group of hosts at once (as many groups as --max-concurrent-trials
+            # allows; every one by default, as the GPUs of one node are all used).
+            groups = self.groups or (self.hosts,)
+            n = max(1, min(len(groups), max_concurrent or len(groups)))
+            return [Slot(i, g[0].slots, hosts=g if self.multinode else ()) for i, g in enumerate(groups[:n])]
         return plan_slots(self.device, self.device_count, self.num_gpus, max_concurrent)
 
     def topology(self) -> dict:

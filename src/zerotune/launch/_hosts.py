@@ -91,10 +91,18 @@ def _parse_filter(text: str, what: str, pool: dict[str, list[int]]) -> dict[str,
     return out
 
 
-def select_hosts(
-    hostfile: dict[str, int], *, num_nodes: int | None, num_gpus: int | None, include: str = "", exclude: str = ""
-) -> list[Host]:
-    """The hosts (in hostfile order) and slots a trial uses, as DeepSpeed's runner picks them."""
+def host_groups(
+    hostfile: dict[str, int], *, num_nodes: int, num_gpus: int, include: str = "", exclude: str = ""
+) -> list[tuple[Host, ...]]:
+    """The hosts of the hostfile (after the filters) as disjoint groups of ``num_nodes``, in
+    hostfile order, each host with its first ``num_gpus`` slots: where concurrent multi-node
+    trials run, each on the topology the training uses. A host with fewer slots is left out."""
+    pool = [h for h in _filtered(hostfile, include, exclude) if len(h.slots) >= num_gpus]
+    pool = [Host(h.name, h.slots[:num_gpus]) for h in pool]
+    return [tuple(pool[i : i + num_nodes]) for i in range(0, len(pool) - num_nodes + 1, num_nodes)]
+
+
+def _filtered(hostfile: dict[str, int], include: str, exclude: str) -> list[Host]:
     if include and exclude:
         raise ConfigError("--include and --exclude cannot both be given; use one of them")
     pool = {h: list(range(n)) for h, n in hostfile.items()}
@@ -108,7 +116,14 @@ def select_hosts(
             for h, s in pool.items()
         }
         pool = {h: s for h, s in pool.items() if s}
-    hosts = [Host(h, tuple(s)) for h, s in pool.items()]
+    return [Host(h, tuple(s)) for h, s in pool.items()]
+
+
+def select_hosts(
+    hostfile: dict[str, int], *, num_nodes: int | None, num_gpus: int | None, include: str = "", exclude: str = ""
+) -> list[Host]:
+    """The hosts (in hostfile order) and slots a trial uses, as DeepSpeed's runner picks them."""
+    hosts = _filtered(hostfile, include, exclude)
     if num_nodes is not None:
         if num_nodes > len(hosts):
             raise ConfigError(

@@ -40,17 +40,38 @@ FORWARDED = (*FIGURE_ENV, "PYTHONPATH", "ZEROTUNE_PROBE", RESULTS_ENV, TUNER_PID
 
 
 class MultiNodeLauncher(SupervisingLauncher):
-    def __init__(self, hosts: list[Host], *, device: str, launcher: str = "pdsh", master_addr: str | None = None):
+    def __init__(
+        self,
+        hosts: list[Host],
+        *,
+        device: str,
+        launcher: str = "pdsh",
+        master_addr: str | None = None,
+        pool: list[Host] | None = None,
+    ):
+        """``hosts``: where the training runs (and a trial without a slot of its own); ``pool``:
+        every host a trial may run on (the hosts of each slot), checked before any trial."""
         if launcher not in LAUNCHERS:
             raise LaunchError(f"--launcher {launcher!r} is not one of {', '.join(LAUNCHERS)}")
         super().__init__(device=device)
-        self.hosts, self.kind = hosts, launcher
-        self.master_addr = master_addr or ("127.0.0.1" if hosts[0].local else hosts[0].name)
+        self.hosts, self.kind, self.given_master = hosts, launcher, master_addr
+        self.pool = pool or hosts
+        self._masters: dict[int, str] = {}
+        """Per trial's master port, the address its ranks meet at (its shared-memory buffers')."""
+        self.master_addr = self.master_of(hosts)
         self.buffer_addr = self.master_addr
+
+    def master_of(self, hosts: list[Host]) -> str:
+        """Where ``hosts``' ranks meet: the address given, else the first host (loopback if local)."""
+        return self.given_master or ("127.0.0.1" if hosts[0].local else hosts[0].name)
+
+    def hosts_of(self, job: TrialJob) -> list[Host]:
+        """The hosts ``job`` runs on: its slot's group, else the training's."""
+        return list(job.slot.hosts) if job.slot is not None and job.slot.hosts else self.hosts
 
     # -- before any trial ----------------------------------------------------------------------
     def preflight(self) -> None:
-        remote = [h for h in self.hosts if not h.local]
+        remote = [h for h in self.pool if not h.local]
         if self.kind != "torchrun":
             tool = RUNNER_TOOLS[self.kind]
             if shutil.which(tool) is None:
@@ -78,22 +99,24 @@ class MultiNodeLauncher(SupervisingLauncher):
                 )
 
     # -- commands ------------------------------------------------------------------------------
-    def torchrun_argv(self, num_gpus: int, node_rank: int, port: int) -> list[str]:
+    def torchrun_argv(self, num_gpus: int, node_rank: int, port: int, hosts: list[Host] | None = None) -> list[str]:
+        hosts = hosts or self.hosts
         return [
             sys.executable,
             "-m",
             "torch.distributed.run",
-            f"--nnodes={len(self.hosts)}",
+            f"--nnodes={len(hosts)}",
             f"--nproc-per-node={num_gpus}",
             f"--node-rank={node_rank}",
-            f"--master-addr={self.master_addr}",
+            f"--master-addr={self.master_of(hosts)}",
             f"--master-port={port}",
             "-m",
             "zerotune.probe",
         ]
 
-    def runner_argv(self, hostfile: Path, port: int) -> list[str]:
-        include = "@".join(f"{h.name}:{','.join(map(str, h.slots))}" for h in self.hosts)
+    def runner_argv(self, hostfile: Path, port: int, hosts: list[Host] | None = None) -> list[str]:
+        hosts = hosts or self.hosts
+        include = "@".join(f"{h.name}:{','.join(map(str, h.slots))}" for h in hosts)
         return [
             sys.executable,
             "-m",
@@ -101,7 +124,7 @@ class MultiNodeLauncher(SupervisingLauncher):
             f"--hostfile={hostfile}",
             f"--include={include}",
             f"--launcher={self.kind}",
-            f"--master_addr={self.master_addr}",
+            f"--master_addr={self.master_of(hosts)}",
             f"--master_port={port}",
             "--no_local_rank",
             "--module",
@@ -109,14 +132,14 @@ class MultiNodeLauncher(SupervisingLauncher):
         ]
 
     def _start(
-        self, num_gpus: int, d: Path, env: dict[str, str], port: int, *, logs: bool = True
+        self, num_gpus: int, d: Path, env: dict[str, str], port: int, hosts: list[Host], *, logs: bool = True
     ) -> list[ProcessGroup]:
-        """Every node's processes; ``logs`` False: their output goes to this terminal."""
+        """Every node's processes on ``hosts``; ``logs`` False: their output goes to this terminal."""
         cmds: list[list[str]] = []
         groups = []
         if self.kind == "torchrun":
-            for i, host in enumerate(self.hosts):
-                argv, host_env = self.torchrun_argv(num_gpus, i, port), dict(env)
+            for i, host in enumerate(hosts):
+                argv, host_env = self.torchrun_argv(num_gpus, i, port, hosts), dict(env)
                 if self.device == "cuda":
                     host_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, host.slots))
                 if not host.local:  # the remote shell gets the variables and the folder explicitly
@@ -133,9 +156,9 @@ class MultiNodeLauncher(SupervisingLauncher):
                 groups.append(ProcessGroup(argv, env=host_env, log=d / f"launcher.node{i}.log" if logs else None))
         else:
             hostfile = d / "hostfile"
-            hostfile.write_text("".join(f"{h.name} slots={max(h.slots) + 1}\n" for h in self.hosts))
+            hostfile.write_text("".join(f"{h.name} slots={max(h.slots) + 1}\n" for h in hosts))
             (d / ".deepspeed_env").write_text("".join(f"{k}={env[k]}\n" for k in FORWARDED if k in env))
-            argv = self.runner_argv(hostfile, port)
+            argv = self.runner_argv(hostfile, port, hosts)
             cmds.append(argv)
             groups.append(
                 ProcessGroup(
@@ -159,7 +182,7 @@ class MultiNodeLauncher(SupervisingLauncher):
         d.mkdir(exist_ok=True)
         env = trial_env(num_gpus, self.device, {**extra_env, "ZEROTUNE_PROBE": str(probe_spec.resolve())})
         port = free_port()
-        groups = self._start(num_gpus, d, env, port, logs=False)
+        groups = self._start(num_gpus, d, env, port, self.hosts, logs=False)
         try:
             codes = [g.proc.wait() for g in groups]
         finally:
@@ -174,13 +197,18 @@ class MultiNodeLauncher(SupervisingLauncher):
         return self.attempt(job, d, env, free_port())
 
     def start(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> list[ProcessGroup]:
-        return self._start(job.num_gpus, d, env, port)
+        hosts = self.hosts_of(job)
+        self._masters[port] = self.master_of(hosts)
+        return self._start(job.num_gpus, d, env, port, hosts)
+
+    def buffer_address(self, job: TrialJob) -> str:
+        return self.master_of(self.hosts_of(job))
 
     def world(self, job: TrialJob) -> int:
-        return job.num_gpus * len(self.hosts)
+        return job.num_gpus * len(self.hosts_of(job))
 
     def release(self, port: int) -> None:
-        remove_shm_buffers(port, self.master_addr)
+        remove_shm_buffers(port, self._masters.pop(port, self.master_addr))
 
     def finished(self, job: TrialJob, d: Path, groups: list[ProcessGroup]) -> None:
         if self.kind == "torchrun":  # one log for collect: each node's, in turn
@@ -190,6 +218,6 @@ class MultiNodeLauncher(SupervisingLauncher):
                 "".join(
                     f"== node {i} ({h.name}), exit {codes[i]} ==\n"
                     + (d / f"launcher.node{i}.log").read_text(errors="replace")
-                    for i, h in enumerate(self.hosts)
+                    for i, h in enumerate(self.hosts_of(job))
                 ),
             )

@@ -1,4 +1,5 @@
-"""Where concurrent trials run: disjoint device groups, one per trial at a time.
+"""Where concurrent trials run: disjoint device groups, one per trial at a time; across the
+hosts of a hostfile, disjoint groups of hosts (see Cluster.slots).
 
 With D devices on the node and trials of g processes, D // g trials run at once, each on its own
 GPUs (DeepSpeed's launcher sets CUDA_VISIBLE_DEVICES from the ids it is given) and its own master
@@ -13,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 from .._errors import ConfigError
+from ._hosts import Host
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,8 @@ class Slot:
     """GPU ids as this machine numbers them (what CUDA_VISIBLE_DEVICES lists); on CPU, core ids."""
     pinned: bool = False
     """CPU only: the trial's processes are bound to ``devices`` (cores) and share only them."""
+    hosts: tuple[Host, ...] = ()
+    """A multi-node trial's hosts and their slots (empty: this node)."""
 
 
 def visible_gpus(count: int) -> list[int]:

@@ -72,10 +72,14 @@ class SupervisingLauncher(Launcher):
         )
         return d, env
 
+    def buffer_address(self, job: TrialJob) -> str:
+        """The address ``job``'s ranks meet at, which names DeepSpeed's shared-memory buffers."""
+        return self.buffer_addr
+
     def attempt(self, job: TrialJob, d: Path, env: dict[str, str], port: int) -> TrialResult:
         world, m = self.world(job), job.measure
         start = time.monotonic()
-        note_port(job.work_dir or d.parent, port, self.buffer_addr)
+        note_port(job.work_dir or d.parent, port, self.buffer_address(job))
         kills_before = oom_kill_count()
         groups = self.start(job, d, env, port)
         with self._lock:
