@@ -209,3 +209,31 @@ def test_the_tuner_runs_a_trial_on_every_group_of_hosts_at_once(tuner_factory, t
     hosts = {tuple(h.name for h in j.slot.hosts) for j in launcher.jobs}
     assert hosts == {("worker-0", "worker-1"), ("worker-2", "worker-3")}
     assert "worker-0 worker-1" in (tmp_path / "results" / "cmd_optimal.txt").read_text()  # the training's hosts
+
+
+def test_a_host_of_the_pool_that_cannot_be_reached_leaves_it(tmp_path, monkeypatch):
+    fake_tool(tmp_path, monkeypatch, "ssh", 255, "ssh: connect to host worker-1 port 22: No route to host")
+    pool = [Host("localhost", (0,)), Host("worker-1", (0,))]
+    launcher = MultiNodeLauncher([Host("localhost", (0,))], device="cpu", launcher="torchrun", pool=pool)
+    launcher.preflight()  # the training's host answers: the tuning goes on without worker-1
+    assert list(launcher.dropped) == ["worker-1"] and "No route to host" in launcher.dropped["worker-1"]
+
+
+def test_the_tuner_runs_no_trial_on_a_host_that_left_the_pool(tuner_factory, tmp_path):
+    from fakes import FakeLauncher
+
+    class Unreachable(FakeLauncher):
+        def preflight(self):
+            self.dropped = {"worker-3": "ssh cannot reach it (No route to host)"}
+
+    launcher = Unreachable()
+    tuner = tuner_factory(
+        hostfile=hostfile(tmp_path, "".join(f"worker-{i} slots=2\n" for i in range(4))),
+        num_nodes=2,
+        multinode_launcher="torchrun",
+        launcher=launcher,
+    )
+    assert len(tuner.slots) == 2
+    result = tuner.tune()
+    assert {h.name for j in launcher.jobs for h in j.slot.hosts} == {"worker-0", "worker-1"}
+    assert any(n.startswith("hosts left out of the pool: worker-3: ssh cannot reach it") for n in result.notes)

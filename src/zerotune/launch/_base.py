@@ -115,7 +115,11 @@ class Launcher(abc.ABC):
 
     def preflight(self) -> None:
         """Check, before any trial, that trials can start at all (tools installed, hosts
-        reachable); raise a ZerotuneError that says what to fix."""
+        reachable); raise a ZerotuneError that says what to fix. A host of the pool that the
+        training does not need and that cannot be reached leaves it (see :attr:`dropped`)."""
+
+    dropped: dict[str, str] = {}
+    """Hosts that left the pool of a multi-node launcher, and why: no trial runs on them."""
 
     def run_program(
         self, probe_spec: Path, num_gpus: int, extra_env: dict[str, str], program: ProgramLauncher | None = None

@@ -56,6 +56,8 @@ class MultiNodeLauncher(SupervisingLauncher):
         super().__init__(device=device)
         self.hosts, self.kind, self.given_master = hosts, launcher, master_addr
         self.pool = pool or hosts
+        self.dropped: dict[str, str] = {}
+        """Hosts of the pool that left it before any trial (see preflight), and why."""
         self._masters: dict[int, str] = {}
         """Per trial's master port, the address its ranks meet at (its shared-memory buffers')."""
         self.master_addr = self.master_of(hosts)
@@ -88,15 +90,17 @@ class MultiNodeLauncher(SupervisingLauncher):
         for h in remote:
             try:
                 out = subprocess.run([*SSH, h.name, "true"], capture_output=True, text=True, timeout=30)
+                why = "" if out.returncode == 0 else out.stderr.strip()[:200] or f"exit {out.returncode}"
             except subprocess.TimeoutExpired:
+                why = "no answer within 30 s"
+            if not why:
+                continue
+            if h in self.hosts:  # the training runs there: nothing to tune without it
                 raise LaunchError(
-                    f"host {h.name!r} did not answer ssh within 30 s; check the hostfile and the network"
-                ) from None
-            if out.returncode != 0:
-                raise LaunchError(
-                    f"cannot reach host {h.name!r} by ssh ({out.stderr.strip()[:200] or 'exit ' + str(out.returncode)}); "
-                    "set up passwordless ssh to every host in the hostfile"
+                    f"cannot reach host {h.name!r} by ssh ({why}); set up passwordless ssh to every host in the "
+                    "hostfile, or leave it out (--exclude)"
                 )
+            self.dropped[h.name] = f"ssh cannot reach it ({why})"
 
     # -- commands ------------------------------------------------------------------------------
     def torchrun_argv(self, num_gpus: int, node_rank: int, port: int, hosts: list[Host] | None = None) -> list[str]:

@@ -205,6 +205,9 @@ class Autotuner:
         searcher = self.search.searcher or trials.default_searcher()
         start = time.monotonic()
         self.launcher.preflight()  # a missing tool or an unreachable host: one error before any trial
+        if dropped := self.launcher.dropped:
+            self.slots = [s for s in self.slots if not {h.name for h in s.hosts} & set(dropped)]
+            record.note("hosts left out of the pool: " + "; ".join(f"{name}: {why}" for name, why in dropped.items()))
         if line := leftovers_line(end_leftovers(self.results_dir), "an earlier, killed tuning of this folder"):
             record.note(line)
         if line := record.resume_line(trials.config_for):
