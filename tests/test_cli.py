@@ -125,6 +125,17 @@ def test_script_arguments_are_not_parsed_by_zerotune():
     assert cmd == ["train.py", "--n", "3", "--num-gpus", "9", "--help"]
 
 
+def test_every_option_that_takes_a_value_keeps_it_from_the_script():
+    from zerotune.cli._parsers import split_argv, tune_parser
+
+    parser = tune_parser("tune")
+    for action in parser._actions:
+        for flag in action.option_strings:
+            if action.nargs != 0:
+                own, cmd = split_argv(["tune", flag, "stage,1", "train.py", "--x"])
+                assert own == ["tune", flag, "stage,1"] and cmd == ["train.py", "--x"], flag
+
+
 def test_a_launcher_in_place_of_the_script_is_one_clear_error(tmp_path):
     for launcher in ("deepspeed", "accelerate", "torchrun"):
         out = zerotune("tune", launcher, "--num_gpus", "2", "train.py")

@@ -152,6 +152,10 @@ def test_an_unknown_search_name_is_refused_with_the_known_ones():
 
     with pytest.raises(ConfigError, match="--search precision: .*stage, micro-batch, offload, knobs"):
         parse_search("stage,precision")
+    for empty in ("", ",,,", [], " "):
+        with pytest.raises(ConfigError, match="names nothing to search"):
+            parse_search(empty)
+    assert parse_search("stage\nknobs") == parse_search("stage, knobs") == {"stage", "knobs"}
 
 
 def test_min_above_max():

@@ -212,11 +212,11 @@ def test_the_tuner_runs_a_trial_on_every_group_of_hosts_at_once(tuner_factory, t
 
 
 def test_a_host_of_the_pool_that_cannot_be_reached_leaves_it(tmp_path, monkeypatch):
-    fake_tool(tmp_path, monkeypatch, "ssh", 255, "ssh: connect to host worker-1 port 22: No route to host")
+    fake_tool(tmp_path, monkeypatch, "ssh", 255, "ssh: connect to host worker-1 port 22:\nNo route to host")
     pool = [Host("localhost", (0,)), Host("worker-1", (0,))]
     launcher = MultiNodeLauncher([Host("localhost", (0,))], device="cpu", launcher="torchrun", pool=pool)
     launcher.preflight()  # the training's host answers: the tuning goes on without worker-1
-    assert list(launcher.dropped) == ["worker-1"] and "No route to host" in launcher.dropped["worker-1"]
+    assert list(launcher.dropped) == ["worker-1"] and "port 22: No route to host" in launcher.dropped["worker-1"]
 
 
 def test_the_tuner_runs_no_trial_on_a_host_that_left_the_pool(tuner_factory, tmp_path):

@@ -208,38 +208,14 @@ def tune_parser(name: str) -> argparse.ArgumentParser:
     return p
 
 
-_VALUE_OPTIONS = {
-    "--num-gpus",
-    "--num_gpus",
-    "--num-nodes",
-    "--num_nodes",
-    "--memory-per-device",
-    "--results-dir",
-    "--hostfile",
-    "--include",
-    "--exclude",
-    "--launcher",
-    "--master-addr",
-    "--master_addr",
-    "--time-budget",
-    "--trial-timeout",
-    "--stall-timeout",
-    "--precision",
-    "--max-measure-seconds",
-    "--remeasure-seconds",
-    "--remeasure-rounds",
-    "--max-steps",
-    "--max-warmup-steps",
-    "--max-concurrent-trials",
-    "--log-format",
-    "--tensorboard",
-}
-
-
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """``tune``/``run`` with zerotune's own options, and the user's command (script.py, or
     ``accelerate launch``, and everything after it, untouched: never given to an argument parser
     that could abbreviate or eat it)."""
+    # The options that take a value, read from the tune parser itself: a list kept apart from it
+    # went stale as options were added, and then took the option's value for the script.
+    # (argparse keeps its actions in ``_actions``; it offers no public view of them.)
+    takes_value = {s for a in tune_parser("tune")._actions for s in a.option_strings if a.nargs != 0}
     own: list[str] = []
     i = 0
     while i < len(argv):
@@ -249,7 +225,7 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
         if len(own) >= 1 and not a.startswith("-") and own[0] in ("tune", "run"):
             return own, argv[i:]
         own.append(a)
-        if a in _VALUE_OPTIONS and i + 1 < len(argv):
+        if a in takes_value and i + 1 < len(argv):
             own.append(argv[i + 1])
             i += 1
         i += 1

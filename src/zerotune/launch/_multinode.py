@@ -90,7 +90,7 @@ class MultiNodeLauncher(SupervisingLauncher):
         for h in remote:
             try:
                 out = subprocess.run([*SSH, h.name, "true"], capture_output=True, text=True, timeout=30)
-                why = "" if out.returncode == 0 else out.stderr.strip()[:200] or f"exit {out.returncode}"
+                why = "" if out.returncode == 0 else " ".join(out.stderr.split())[:200] or f"exit {out.returncode}"
             except subprocess.TimeoutExpired:
                 why = "no answer within 30 s"
             if not why:

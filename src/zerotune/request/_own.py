@@ -15,6 +15,7 @@ configuration is the user's own: the tuning measures it first and compares its c
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +30,13 @@ def parse_search(value: str | list[str] | tuple[str, ...] | frozenset[str] | Non
     """``--search``'s value ("stage,micro-batch" or a list of names) as a set; None: not given."""
     if value is None:
         return None
-    names = value.split(",") if isinstance(value, str) else list(value)
-    names = [n.strip().lower().replace("_", "-") for n in names if str(n).strip()]
+    names = re.split(r"[,\s]+", value) if isinstance(value, str) else [str(n) for n in value]
+    names = [n.strip().lower().replace("_", "-") for n in names if n.strip()]
+    if not names:
+        raise ConfigError(
+            f"--search {value!r} names nothing to search; name any of {', '.join(SEARCHABLE)} "
+            "(e.g. --search stage,micro-batch), or leave it out for the default"
+        )
     names = ["micro-batch" if n in ("microbatch", "micro-batch-size", "mbs") else n for n in names]
     if unknown := [n for n in names if n not in SEARCHABLE]:
         raise ConfigError(
