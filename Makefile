@@ -43,6 +43,10 @@ $(TEST_STAMP): $(STAMP)
 	# test, which is skipped (and says so) where it cannot be installed.
 	command -v chromium >/dev/null 2>&1 || (apt-get install -y -q chromium >/dev/null 2>&1 || \
 		echo "chromium not installed: tests/test_report_browser.py will be skipped")
+	# Debian's Slurm and munge: tests/integration/test_slurm_cpu.py starts a two-node cluster on
+	# this machine (skipped, and says so, where they cannot be installed).
+	command -v slurmd >/dev/null 2>&1 || (DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge \
+		>/dev/null 2>&1 || echo "slurm-wlm not installed: tests/integration/test_slurm_cpu.py will be skipped")
 	touch $(TEST_STAMP)
 
 demo: setup

@@ -237,3 +237,71 @@ def test_the_tuner_runs_no_trial_on_a_host_that_left_the_pool(tuner_factory, tmp
     result = tuner.tune()
     assert {h.name for j in launcher.jobs for h in j.slot.hosts} == {"worker-0", "worker-1"}
     assert any(n.startswith("hosts left out of the pool: worker-3: ssh cannot reach it") for n in result.notes)
+
+
+class Ended:
+    """A process group that ended with ``code``."""
+
+    def __init__(self, code):
+        self.proc = type("P", (), {"returncode": code})()
+
+
+def test_a_remote_node_whose_processes_end_before_any_rank_started_failed(tmp_path):
+    launcher = MultiNodeLauncher([Host("localhost", (0,)), Host("worker-1", (0,))], device="cpu", launcher="torchrun")
+    d = tmp_path
+    (d / "rank0.started").write_text("")
+    (d / "launcher.node1.log").write_text("ssh: connect to host worker-1 port 22: Connection refused\n")
+    trial = job(tmp_path)
+    trial.num_gpus = 1
+    groups = [Ended(-15), Ended(255)]
+    assert launcher.failed_hosts(trial, d, groups, [False, True]) == {
+        "worker-1": "ssh: connect to host worker-1 port 22: Connection refused"
+    }
+    assert launcher.failed_hosts(trial, d, groups, [False, False]) == {}  # ended by zerotune's kill
+    (d / "rank1.started").write_text("")
+    assert launcher.failed_hosts(trial, d, groups, [False, True]) == {}  # its rank ran: a result
+
+
+def test_the_runner_log_names_the_node_that_failed(tmp_path):
+    launcher = MultiNodeLauncher([Host("worker-0", (0,)), Host("worker-1", (0,))], device="cpu", launcher="pdsh")
+    (tmp_path / "rank0.started").write_text("")
+    (tmp_path / "launcher.log").write_text("pdsh@head: worker-1: ssh exited with exit code 255\n")
+    trial = job(tmp_path)
+    trial.num_gpus = 1
+    assert launcher.failed_hosts(trial, tmp_path, [Ended(1)], [True]) == {
+        "worker-1": "pdsh@head: worker-1: ssh exited with exit code 255"
+    }
+
+
+def test_a_host_that_fails_during_the_tuning_leaves_the_pool_and_the_command_avoids_it(tuner_factory, tmp_path):
+    from fakes import FakeLauncher
+    from zerotune.trials import TrialResult, TrialState
+
+    class FailingNode(FakeLauncher):
+        on: list = []
+
+        def run(self, job):
+            self.on.append(tuple(h.name for h in job.slot.hosts))
+            if "worker-1" in self.on[-1]:
+                self.jobs.append(job)
+                self.dropped = {"worker-1": "ssh: connect to host worker-1 port 22: Connection refused"}
+                return TrialResult(spec=job.spec, state=TrialState.KILLED, reason="host worker-1 failed")
+            return super().run(job)
+
+    launcher = FailingNode()
+    tuner = tuner_factory(
+        hostfile=hostfile(tmp_path, "".join(f"worker-{i} slots=2\n" for i in range(4))),
+        num_nodes=2,
+        multinode_launcher="torchrun",
+        launcher=launcher,
+    )
+    result = tuner.tune()
+    on = launcher.on
+    assert on.count(("worker-0", "worker-1")) == 1 and on.count(("worker-2", "worker-3")) == len(on) - 1 > 1
+    assert result.best is not None and result.best.state is TrialState.OK
+    lost = launcher.jobs[0].spec
+    assert [t.state for t in result.trials if t.spec == lost] == [TrialState.OK]  # measured again elsewhere
+    assert any(n.startswith("hosts left out of the pool: worker-1: ssh: connect") for n in result.notes)
+    assert any("cmd_optimal.txt trains on worker-2, worker-3" in n for n in result.notes)
+    command = (tmp_path / "results" / "cmd_optimal.txt").read_text()
+    assert "worker-2 worker-3" in command and "worker-1" not in command

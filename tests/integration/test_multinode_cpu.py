@@ -130,3 +130,36 @@ def test_two_trials_at_once_on_two_nodes_of_one_process_each(tmp_path):
     logs = sorted(res.glob("z*/cmd.txt"))
     assert len(logs) == 2 and {"--master-addr=127.0.0.1"} <= set(logs[0].read_text().split())
     assert trial_processes(res) == []
+
+
+def test_a_node_that_fails_during_the_tuning_leaves_the_pool_and_the_tuning_finishes_on_the_other(tmp_path):
+    # node-b answers ssh before the first trial (the reachability and shared-storage checks run
+    # there, on this machine), then refuses the connection that would start its trial's ranks.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ssh = bin_dir / "ssh"
+    ssh.write_text(
+        '#!/bin/sh\nfor last; do :; done\ncase "$last" in\n  true|printf*) exec sh -c "$last" ;;\nesac\n'
+        'echo "ssh: connect to host node-b port 22: Connection refused" >&2\nexit 255\n'
+    )
+    ssh.chmod(0o755)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\nnode-b slots=1\n")
+    res = tmp_path / "results"
+    out = subprocess.run(
+        [sys.executable, "-m", "zerotune.cli", "tune", "--hostfile", str(hostfile), "--num-nodes", "1",
+         "--launcher", "torchrun", "--log-format", "json", "--results-dir", str(res), "--precision", "0.2",
+         str(GPT), "--model", "tiny", "--deepspeed_config", str(ds_config(tmp_path, [0, 1], [8]))],
+        capture_output=True,
+        text=True,
+        env={**ENV, "PATH": f"{bin_dir}{os.pathsep}{ENV['PATH']}"},
+        timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [e["event"] for e in events].count("started") == 3  # the trial on node-b ran again here
+    summary = (res / "summary.txt").read_text()
+    assert "hosts left out of the pool: node-b: ssh: connect to host node-b port 22: Connection refused" in summary
+    result = json.loads((res / "results.json").read_text())
+    assert sorted(t["state"] for t in result["trials"]) == ["ok", "ok"]
+    assert "node-b" not in (res / "cmd_optimal.txt").read_text() and trial_processes(res) == []

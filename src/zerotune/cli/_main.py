@@ -149,6 +149,7 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
             exclude=args.exclude,
             multinode_launcher=args.launcher,
             master_addr=args.master_addr,
+            slurm=args.slurm,
         ),
         measure=MeasureSettings.of(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MeasureSettings)}),
         search=SearchSettings(time_budget=args.time_budget, retry_failed=args.retry_failed, search=args.search),

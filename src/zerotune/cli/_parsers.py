@@ -75,6 +75,13 @@ def tune_parser(name: str) -> argparse.ArgumentParser:
         help="how multi-node trials start: DeepSpeed's runner with this launcher, or torchrun agents",
     )
     p.add_argument(
+        "--slurm",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="trials as job steps of the Slurm allocation this runs in, over its nodes (default: inside "
+        "salloc or sbatch, without --hostfile); --no-slurm: this node only",
+    )
+    p.add_argument(
         "--master-addr",
         "--master_addr",
         default=None,

@@ -1,4 +1,5 @@
-"""Starting a trial's processes: on this node, or over the hosts of a hostfile."""
+"""Starting a trial's processes: on this node, over the hosts of a hostfile, or as job steps of a
+Slurm allocation."""
 
 from ._base import Launcher, ProgramLauncher, TrialJob
 from ._cluster import Cluster, ClusterSettings, check_counts
@@ -9,9 +10,15 @@ from ._leftovers import Leftover, end_leftovers, leftovers, leftovers_line, remo
 from ._local import LocalLauncher
 from ._multinode import MultiNodeLauncher
 from ._process import CPU_MALLOC, FIGURE_ENV, ProcessGroup, launcher_argv, trial_env
+from ._shared_storage import check_shared
 from ._slots import Slot, plan_slots
+from ._slurm import RANKS_ENV, Allocation, SlurmLauncher
 
 __all__ = [
+    "RANKS_ENV",
+    "Allocation",
+    "SlurmLauncher",
+    "check_shared",
     "CPU_MALLOC",
     "Cluster",
     "ClusterSettings",

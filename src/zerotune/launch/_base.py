@@ -118,6 +118,12 @@ class Launcher(abc.ABC):
         reachable); raise a ZerotuneError that says what to fix. A host of the pool that the
         training does not need and that cannot be reached leaves it (see :attr:`dropped`)."""
 
+    def check_storage(self, results_dir: Path) -> None:
+        """Check, before any trial and after :meth:`preflight`, that every node of the pool writes
+        where this process reads: each writes a marker into ``results_dir``, read back here. A node
+        that fails leaves the pool (see :attr:`dropped`); one the training needs is an error.
+        Nothing to check on one node."""
+
     dropped: dict[str, str] = {}
     """Hosts that left the pool of a multi-node launcher, and why: no trial runs on them."""
 

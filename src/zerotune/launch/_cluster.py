@@ -7,6 +7,7 @@ run`` start is the topology the tuning measured.
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,23 @@ from ._process import FIGURE_ENV
 from ._slots import Slot, plan_slots
 
 MAX_NODES = 4096
+
+
+def _allocation(settings: ClusterSettings):
+    """The Slurm allocation trials run in, or None (outside one, with a hostfile, or ``slurm`` False)."""
+    from ._slurm import Allocation
+
+    if settings.slurm is False or (settings.hostfile is not None and not settings.slurm):
+        return None
+    if settings.hostfile is not None:
+        raise ConfigError("--slurm takes the nodes from the allocation; give it or --hostfile, not both")
+    found = Allocation.detect()
+    if found is None and settings.slurm:
+        raise ConfigError(
+            "--slurm runs trials as job steps of a Slurm allocation, and SLURM_JOB_ID is not set; run "
+            "zerotune inside salloc or sbatch"
+        )
+    return found
 
 
 def check_counts(num_gpus: int | None, num_nodes: int | None) -> None:
@@ -56,6 +74,9 @@ class ClusterSettings:
     """How DeepSpeed's runner reaches the other nodes."""
     master_addr: str | None = None
     """The address the ranks meet at (default: the first host)."""
+    slurm: bool | None = None
+    """Trials as job steps of the Slurm allocation zerotune runs in, over its nodes (default:
+    inside an allocation, ``SLURM_JOB_ID`` set, without ``hostfile``); False: this node only."""
 
     def __post_init__(self) -> None:
         from .._api_check import check_values
@@ -79,6 +100,8 @@ class Cluster:
     hostfile: str | None = None
     launcher_kind: str = "pdsh"
     master_addr: str | None = None
+    slurm_job: str | None = None
+    """The Slurm allocation whose nodes ``hosts`` and ``groups`` are: trials run as its job steps."""
 
     @classmethod
     def build(cls, settings: ClusterSettings, *, device: str, device_count: int, num_gpus: int | None) -> Cluster:
@@ -93,7 +116,20 @@ class Cluster:
         )
         check_counts(num_gpus, num_nodes)
         hosts, groups = None, ()
-        if hostfile is not None:
+        allocation = _allocation(settings)
+        if allocation is not None:
+            if include or exclude:
+                raise ConfigError(
+                    "--include and --exclude pick hosts from a --hostfile; under Slurm the nodes are the "
+                    "allocation's (ask salloc or sbatch for the nodes you want)"
+                )
+            gpus = num_gpus or allocation.tasks_per_node or allocation.gpus_per_node
+            gpus = gpus or (device_count if device == "cuda" else 1)
+            listed = {name: gpus for name in allocation.nodes}
+            hosts = tuple(select_hosts(listed, num_nodes=num_nodes, num_gpus=gpus))
+            num_gpus = gpus
+            groups = tuple(host_groups(listed, num_nodes=len(hosts), num_gpus=gpus))
+        elif hostfile is not None:
             listed = read_hostfile(hostfile)
             hosts = tuple(
                 select_hosts(listed, num_nodes=num_nodes, num_gpus=num_gpus, include=include, exclude=exclude)
@@ -120,6 +156,7 @@ class Cluster:
             hostfile=str(Path(hostfile).resolve()) if hostfile is not None else None,
             launcher_kind=settings.multinode_launcher,
             master_addr=settings.master_addr,
+            slurm_job=allocation.job_id if allocation is not None else None,
         )
 
     @property
@@ -134,9 +171,16 @@ class Cluster:
     def multinode(self) -> bool:
         """Trials start through a multi-node launcher: several hosts, one that is not this one, or
         groups of hosts that trials run on side by side."""
+        if self.slurm_job is not None:
+            return True
         return self.hosts is not None and (len(self.hosts) > 1 or not self.hosts[0].local or len(self.groups) > 1)
 
     def make_launcher(self) -> Launcher:
+        if self.slurm_job is not None:
+            from ._slurm import SlurmLauncher
+
+            pool = [h for g in self.groups for h in g]
+            return SlurmLauncher(self.slurm_job, list(self.hosts), device=self.device, pool=pool)
         if self.multinode:
             return MultiNodeLauncher(
                 list(self.hosts),
@@ -162,7 +206,10 @@ class Cluster:
             "device": self.device,
             "num_gpus": self.num_gpus,
             "num_nodes": self.num_nodes,
-            "hosts": [[h.name, list(h.slots)] for h in self.hosts] if self.hosts else None,
+            # Under Slurm the nodes are whichever the allocation got, of the partition asked for:
+            # a rerun in a new allocation of the same shape measures the same.
+            "hosts": [[h.name, list(h.slots)] for h in self.hosts] if self.hosts and not self.slurm_job else None,
+            **({"slurm": True} if self.slurm_job else {}),
         }
 
     def run_env(self) -> dict[str, str]:
@@ -184,8 +231,46 @@ class Cluster:
         """The shell line (every word quoted) that trains ``script args`` on this cluster."""
         from ._deepspeed_runner import runner_accepts
 
+        if self.slurm_job is not None:
+            return self.slurm_lines(script, args)
         words = self.launch_words(script, args, lambda runner: runner_accepts(runner, script, args, self.device))
         return self.shell_line(self.env_words(), words)
+
+    def slurm_lines(self, script: str, args: list[str]) -> str:
+        """Inside a Slurm allocation of the tuned topology: one torchrun agent per node, started
+        as one job step, meeting at the first node's address (Slurm's NodeAddr for it)."""
+        agent = (
+            f'exec torchrun --nnodes="$SLURM_NNODES" --nproc-per-node={self.num_gpus} --node-rank="$SLURM_NODEID" '
+            '--master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" "$@"'
+        )
+        srun = ["srun", f"--nodes={self.num_nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
+        words = [*srun, "bash", "-c", agent, "torchrun", script, *args]
+        return (
+            f"# inside a Slurm allocation of {self.num_nodes} node(s) (salloc --nodes={self.num_nodes}), or: "
+            "sbatch sbatch_optimal.sh\n"
+            'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+            "export MASTER_ADDR=$(scontrol show node --oneliner \"$head\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p')\n"
+            "export MASTER_PORT=29500\n" + " ".join(self.env_words() + [shlex.quote(w) for w in words])
+        )
+
+    def batch_script(self, command: str) -> str | None:
+        """``command`` (cmd_optimal.txt's text) as a Slurm batch script for the tuned topology,
+        run from this folder; None outside Slurm."""
+        if self.slurm_job is None:
+            return None
+        lines = [
+            "#!/bin/bash",
+            "#SBATCH --job-name=zerotune-optimal",
+            f"#SBATCH --nodes={self.num_nodes}",
+            "#SBATCH --ntasks-per-node=1",
+            *([f"#SBATCH --gpus-per-node={self.num_gpus}"] if self.device == "cuda" else []),
+            f"# The configuration zerotune chose, on the topology it measured: {self.num_nodes} node(s) x "
+            f"{self.num_gpus} process(es).",
+            "set -euo pipefail",
+            f"cd {shlex.quote(os.getcwd())}",
+            *(line for line in command.splitlines() if not line.startswith("# inside a Slurm allocation")),
+        ]
+        return "\n".join(lines) + "\n"
 
     def launch_words(self, script: str, args: list[str], runner_accepts) -> list[str]:
         """The command that trains ``script args`` on this cluster, as words for a shell.

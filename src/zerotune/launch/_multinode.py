@@ -23,6 +23,7 @@ from ._base import ProgramLauncher, TrialJob
 from ._hosts import Host
 from ._leftovers import RESULTS_ENV, TUNER_PID, remove_shm_buffers
 from ._process import FIGURE_ENV, ProcessGroup, free_port, trial_env
+from ._shared_storage import check_shared
 from ._supervise import SupervisingLauncher
 
 RUNNER_TOOLS = {
@@ -101,6 +102,11 @@ class MultiNodeLauncher(SupervisingLauncher):
                     "hostfile, or leave it out (--exclude)"
                 )
             self.dropped[h.name] = f"ssh cannot reach it ({why})"
+
+    def check_storage(self, results_dir: Path) -> None:
+        remote = [h for h in self.pool if not h.local and h.name not in self.dropped]
+        if remote and self.kind in ("torchrun", "pdsh") and shutil.which("ssh") is not None:
+            self.dropped.update(check_shared(results_dir, remote, self.hosts, _ssh_marker))
 
     # -- commands ------------------------------------------------------------------------------
     def torchrun_argv(self, num_gpus: int, node_rank: int, port: int, hosts: list[Host] | None = None) -> list[str]:
@@ -214,6 +220,22 @@ class MultiNodeLauncher(SupervisingLauncher):
     def release(self, port: int) -> None:
         remove_shm_buffers(port, self._masters.pop(port, self.master_addr))
 
+    def failed_hosts(self, job: TrialJob, d: Path, groups: list[ProcessGroup], alone: list[bool]) -> dict[str, str]:
+        hosts, g = self.hosts_of(job), job.num_gpus
+        started = started_ranks(d)
+        failed: dict[str, str] = {}
+        for i, host in enumerate(hosts):
+            if host.local or started & set(range(i * g, (i + 1) * g)):
+                continue  # this machine is no node to lose; a node whose rank started works
+            if self.kind == "torchrun":
+                code = groups[i].proc.returncode
+                if alone[i] and code not in (0, None):
+                    log = (d / f"launcher.node{i}.log").read_text(errors="replace")
+                    failed[host.name] = _failure_line(log, host.name) or f"its processes ended with exit {code}"
+            elif line := _failure_line((d / "launcher.log").read_text(errors="replace"), host.name, named=True):
+                failed[host.name] = line
+        return failed
+
     def finished(self, job: TrialJob, d: Path, groups: list[ProcessGroup]) -> None:
         if self.kind == "torchrun":  # one log for collect: each node's, in turn
             codes = [g.proc.returncode for g in groups]
@@ -225,3 +247,26 @@ class MultiNodeLauncher(SupervisingLauncher):
                     for i, h in enumerate(self.hosts_of(job))
                 ),
             )
+
+
+def _ssh_marker(host: Host, path: Path, token: str) -> list[str]:
+    """``host`` writes ``token`` to ``path`` through ssh (the shared-storage check)."""
+    return [*SSH, host.name, f"printf %s {token} > {shlex.quote(str(path))}"]
+
+
+def started_ranks(d: Path) -> set[int]:
+    """The ranks whose process started (the probe's ``rank<r>.started`` in the trial folder)."""
+    return {int(p.name[4:].split(".")[0]) for p in d.glob("rank*.started") if p.name[4:].split(".")[0].isdigit()}
+
+
+_SSH_FAILURE = ("ssh:", "ssh exited with exit code", "connect", "resolve", "refused", "unreachable", "timed out")
+
+
+def _failure_line(log: str, host: str, *, named: bool = False) -> str:
+    """The last line of ``log`` that reports a connection failure (naming ``host`` where
+    ``named``: a log of several nodes), shortened; "" where there is none."""
+    for line in reversed(log.splitlines()):
+        low = line.lower()
+        if any(w in low for w in _SSH_FAILURE) and (not named or host in line):
+            return " ".join(line.split())[:200]
+    return ""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from .. import _cpu_info as cpu_info
 from .._files import write_json
-from ..trials import TrialResult
+from ..trials import TrialResult, TrialState
 from ._base import Launcher, TrialJob
 from ._collect import collect
 from ._leftovers import note_port, trial_env_marks
@@ -84,7 +84,7 @@ class SupervisingLauncher(Launcher):
         groups = self.start(job, d, env, port)
         with self._lock:
             self._running.update(groups)
-        timed_out, hung = False, None
+        timed_out, hung, alone = False, None, [False] * len(groups)
         try:
             while any(g.proc.poll() is None for g in groups):
                 if time.monotonic() - start > m.trial_timeout:
@@ -100,6 +100,7 @@ class SupervisingLauncher(Launcher):
                     break
                 time.sleep(0.1)
         finally:
+            alone = [g.proc.poll() is not None for g in groups]  # ended by themselves, not by the kill below
             for g in groups:
                 g.kill()
             with self._lock:
@@ -107,7 +108,8 @@ class SupervisingLauncher(Launcher):
             self.release(port)
         self.finished(job, d, groups)
         codes = [g.proc.returncode for g in groups]
-        return collect(
+        lost = {} if timed_out or hung else self.failed_hosts(job, d, groups, alone)
+        result = collect(
             spec=job.spec,
             trial_dir=d,
             world=world,
@@ -121,6 +123,19 @@ class SupervisingLauncher(Launcher):
             hung=hung,
             oom_kills=oom_kills_since(kills_before),
         )
+        if lost and result.state is not TrialState.OK:
+            with self._lock:
+                self.dropped = {**self.dropped, **lost}
+            result.state = TrialState.KILLED
+            result.reason = "; ".join(f"host {name} failed ({why}): it leaves the pool" for name, why in lost.items())
+        return result
+
+    def failed_hosts(self, job: TrialJob, d: Path, groups: list[ProcessGroup], alone: list[bool]) -> dict[str, str]:
+        """The hosts that failed in this trial, and why: a node whose processes ended by
+        themselves (``alone``) or that the launcher's log names in an error, while none of its
+        ranks started (no ``rank<r>.started``). Such a trial says nothing of its config and the
+        host leaves the pool. None on one node."""
+        return {}
 
     def close(self) -> None:
         with self._lock:

@@ -134,7 +134,11 @@ class Tuning:
             target=LightningTarget(command=UserCommand.parse(command), job=job),
             results_dir=Path(job.cache_dir) / job.fingerprint,
             overwrite=True if self.retune else None,
-            cluster=ClusterSettings(num_gpus=job.world_size, memory_per_device=self.memory_per_device),
+            cluster=ClusterSettings(
+                num_gpus=job.world_size,
+                memory_per_device=self.memory_per_device,
+                slurm=False,  # Lightning tunes on its own node; its SLURMEnvironment runs the training
+            ),
             measure=self.measure_settings,
             search=SearchSettings(time_budget=self.time_budget, offload=job.offload),
             on_event=printer,

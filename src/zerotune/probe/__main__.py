@@ -16,6 +16,17 @@ import sys
 from pathlib import Path
 
 
+def _ranks_from_slurm(spec: dict) -> None:
+    """A task of a Slurm job step (see zerotune.launch's Slurm launcher): its rank and local rank
+    are Slurm's task ids, as torch.distributed and DeepSpeed read them from RANK and LOCAL_RANK.
+    Rank 0 names the step in the trial folder (step.txt: job.step on node)."""
+    os.environ["RANK"] = os.environ.get("SLURM_PROCID", "0")
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if os.environ["RANK"] == "0" and spec.get("out_dir"):
+        step = f"{os.environ.get('SLURM_JOB_ID', '?')}.{os.environ.get('SLURM_STEP_ID', '?')}"
+        Path(spec["out_dir"], "step.txt").write_text(f"{step} on {os.environ.get('SLURMD_NODENAME', '?')}\n")
+
+
 def main() -> None:
     spec_path = os.environ.get("ZEROTUNE_PROBE")
     if not spec_path:
@@ -27,9 +38,15 @@ def main() -> None:
     die_with_parent(signal.SIGTERM)
     cpu_info.install(os.environ.get(cpu_info.ENV))
     spec = json.loads(Path(spec_path).read_text())
+    if os.environ.get("ZEROTUNE_RANKS_FROM") == "slurm":
+        _ranks_from_slurm(spec)
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     mode = spec["mode"]
+    if mode == "measure":
+        # This rank's process is up (the node works): a trial that fails without it on any rank
+        # of a host lost that host, not a verdict on its config (see the multi-node launchers).
+        Path(spec["out_dir"], f"rank{rank}.started").write_text(os.environ.get("SLURMD_NODENAME", ""))
     if mode in ("measure", "serve"):
         from ._waiter import run_watched
 

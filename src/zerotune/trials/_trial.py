@@ -21,8 +21,8 @@ class TrialState(str, enum.Enum):
     PRUNED = "pruned"
     """Never launched: predicted not to fit, or invalid for the user's settings."""
     KILLED = "killed"
-    """A rank was killed from outside zerotune (not by the kernel for memory): no verdict on the
-    configuration; a rerun measures it again."""
+    """A rank was killed from outside zerotune (not by the kernel for memory), or a node of the
+    trial failed: no verdict on the configuration; a rerun measures it again."""
 
 
 SHORT_KEYS = {

@@ -50,12 +50,22 @@ class PhaseRun:
 
     def run(self, searcher: Searcher, stopper: EarlyStopping | None) -> bool:
         """Runs ``searcher`` to its end; False when a limit (trials, time) stopped the tuning."""
-        slots: list[Slot] = list(self.slots)
+        slots: list[Slot] = [s for s in self.slots if self.alive(s)]
+        if not slots:
+            self.record.note("no trial can run: every group of hosts lost a host (see the hosts left out of the pool)")
+            return False
         running: dict[Future, tuple[Suggestion, TrialJob, Slot, int]] = {}
+        again: list[tuple[Suggestion, TrialJob, int]] = []
+        """Trials whose host failed under them: they run again on a group that kept its hosts."""
         stopped = False
         pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="zerotune-trial")
         try:
             while True:
+                while slots and again:
+                    suggestion, job, index = again.pop(0)
+                    job.slot = slot = slots.pop(0)
+                    self.record.emit("started", index, suggestion.spec)
+                    running[pool.submit(self.launcher.run, job)] = (suggestion, job, slot, index)
                 while slots and not self.limit_hit and not stopped:
                     suggestion = searcher.ask(len(running))
                     if suggestion is None:
@@ -75,13 +85,17 @@ class PhaseRun:
                     index = len(self.trials) + len(running)
                     self.record.emit("started", index, suggestion.spec)
                     running[pool.submit(self.launcher.run, prepared)] = (suggestion, prepared, slot, index)
-                if not running:
+                if not running and not (again and slots):
                     break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in sorted(done, key=lambda f: running[f][3]):
                     suggestion, job, slot, index = running.pop(future)
-                    slots.append(slot)
                     result = future.result()
+                    if self.alive(slot):
+                        slots.append(slot)
+                    elif result.state is TrialState.KILLED and any(self.alive(s) for s in self.slots):
+                        again.append((suggestion, job, index))  # the host failed, not the config
+                        continue
                     prediction = self._predictions.pop(result.name, None)
                     result.predicted = prediction.throughput if prediction is not None else None
                     self.model.verify(result.name, prediction, result)
@@ -97,6 +111,10 @@ class PhaseRun:
         for note in getattr(searcher, "notes", []):
             self.record.note(note)
         return not self.limit_hit
+
+    def alive(self, slot: Slot) -> bool:
+        """None of ``slot``'s hosts left the pool (see Launcher.dropped)."""
+        return not {h.name for h in slot.hosts} & set(self.launcher.dropped)
 
     def _record(self, searcher: Searcher, stopper: EarlyStopping | None, result: TrialResult) -> bool:
         """Tell the searcher; True when the stopping rule ends the phase."""

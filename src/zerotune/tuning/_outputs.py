@@ -112,5 +112,9 @@ def write_outputs(result: TuningResult, target: Target, cluster: Cluster, mapped
     if result.best_config is None:
         return  # the tuning's start removed an earlier choice: none stands beside "best: none"
     optimal = write_optimal_config(result.best_config, root / "ds_config_optimal.json")
-    write_atomic(root / "cmd_optimal.txt", target.final_command(optimal, result.best_config, mapped, cluster))
+    command = target.final_command(optimal, result.best_config, mapped, cluster)
+    write_atomic(root / "cmd_optimal.txt", command)
+    if (batch := cluster.batch_script(command)) is not None:
+        write_atomic(root / "sbatch_optimal.sh", batch)
+        (root / "sbatch_optimal.sh").chmod(0o755)
     target.after_tuning(result)

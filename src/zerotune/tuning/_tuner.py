@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,7 +67,7 @@ class Autotuner:
         overwrite: Remove the trial folders and outputs the folder's record names first.
         cluster: Where trials run (:class:`~zerotune.launch.ClusterSettings`: ``num_gpus``,
             ``num_nodes``, ``memory_per_device``, ``max_concurrent_trials``, ``warm_trials``,
-            ``hostfile``, ``include``, ``exclude``, ``multinode_launcher``, ``master_addr``).
+            ``hostfile``, ``include``, ``exclude``, ``multinode_launcher``, ``master_addr``, ``slurm``).
         measure: How each trial is measured (:class:`~zerotune.trials.MeasureSettings`:
             ``precision``, ``max_measure_seconds``, ``trial_timeout``, ``stall_timeout``,
             ``max_steps``, ``max_warmup_steps``, ``remeasure_seconds``, ``remeasure_rounds``,
@@ -205,9 +206,7 @@ class Autotuner:
         searcher = self.search.searcher or trials.default_searcher()
         start = time.monotonic()
         self.launcher.preflight()  # a missing tool or an unreachable host: one error before any trial
-        if dropped := self.launcher.dropped:
-            self.slots = [s for s in self.slots if not {h.name for h in s.hosts} & set(dropped)]
-            record.note("hosts left out of the pool: " + "; ".join(f"{name}: {why}" for name, why in dropped.items()))
+        self.launcher.check_storage(self.results_dir)  # every node writes where this one reads
         if line := leftovers_line(end_leftovers(self.results_dir), "an earlier, killed tuning of this folder"):
             record.note(line)
         if line := record.resume_line(trials.config_for):
@@ -223,6 +222,8 @@ class Autotuner:
             for phase, stopper in self._phases(searcher, record):
                 if not run.run(phase, stopper):
                     break
+            if dropped := self.launcher.dropped:
+                record.note("hosts left out of the pool: " + "; ".join(f"{n}: {why}" for n, why in dropped.items()))
             if line := run.model.table():
                 record.note(line)
             if (choice := choose_best(record.trials, at.metric, self.measure.tie_margin)) is not None:
@@ -231,7 +232,10 @@ class Autotuner:
                         "the configurations within noise of the best were not measured again: the time budget is spent"
                     )
                 else:
-                    confirmation = confirm(trials, self.launcher, self.slots, record, choice, earlier=earlier)
+                    alive = [s for s in self.slots if run.alive(s)]
+                    confirmation = (
+                        confirm(trials, self.launcher, alive, record, choice, earlier=earlier) if alive else None
+                    )
         except BaseException:
             self._end_processes(record)
             try:
@@ -240,6 +244,7 @@ class Autotuner:
                 pass  # the disk is full: the error being raised says so; finished trials are on disk
             raise
         self._end_processes(record)  # warm processes end with the tuning
+        training = self._training_cluster(record)
         wall = time.monotonic() - start
         done = record.trials
         choice = choose_best(done, at.metric, self.measure.tie_margin)
@@ -279,10 +284,26 @@ class Autotuner:
         )
         from ._outputs import write_outputs
 
-        write_outputs(self.result, self.target, self.cluster, trials.mapped_args(best.spec) if best else {})
+        write_outputs(self.result, self.target, training, trials.mapped_args(best.spec) if best else {})
         if best is None:
             raise NoFeasibleConfigError(no_choice_message(done, self.results_dir, self.time_budget))
         return self.result
+
+    def _training_cluster(self, record: TuningRecord) -> Cluster:
+        """Where the final command trains: the tuning's cluster, or, where a host of its first
+        group left the pool, the first group that kept every host (a note says so)."""
+        lost = set(self.launcher.dropped)
+        hosts = self.cluster.hosts
+        if not hosts or not lost & {h.name for h in hosts} or self.cluster.slurm_job is not None:
+            return self.cluster  # under Slurm the command names no node
+        group = next((g for g in self.cluster.groups if not lost & {h.name for h in g}), None)
+        if group is None:
+            return self.cluster
+        record.note(
+            f"the training's hosts lost {', '.join(sorted(lost & {h.name for h in hosts}))}: cmd_optimal.txt "
+            f"trains on {', '.join(h.name for h in group)}"
+        )
+        return dataclasses.replace(self.cluster, hosts=group)
 
     def _end_processes(self, record: TuningRecord) -> None:
         """End the launcher's processes, then any process a trial left running outside them (a
