@@ -62,6 +62,12 @@ BENCHES = {
         "the Lightning strategy against Lightning's own DeepSpeed strategy, and the tuned config's speed-up",
         ["overhead_ratio", "tuned_speedup"],
     ),
+    "cluster_sim": (
+        "`bench/cluster_sim.py`",
+        "simulation: zerotune's real search, scheduler and confirmation on a simulated cluster of 8 to 1,024 H100s "
+        "(a 7B job on 1 node, a 70B job on 4 nodes per trial), beside DeepSpeed's autotuner's scheduling rule",
+        ["worst_ratio_at_64_plus", "worst_gap_zerotune_at_64_plus", "worst_gap_deepspeed_at_64_plus"],
+    ),
 }
 """Per bench: how it runs, what it compares, the figures shown (its records hold more)."""
 
@@ -116,6 +122,7 @@ def page() -> str:
     for bench, (how, what, shown) in BENCHES.items():
         runs = records(bench)
         lines.append(f"| {how} | {what} | {len(runs)} | {figures_cell(bench, runs, shown)} | {machines(runs) or '-'} |")
+    lines += simulation_table()
     lines += [
         "",
         "`bench/gpu_check.sh` checks the GPU paths on a real GPU (CUDA memory statistics, a real CUDA",
@@ -144,8 +151,38 @@ def readme_table() -> str:
             f"| {f('zerotune_throughput')} samples/s ({f('throughput_ratio')} of it) |",
             "",
             f"Both chose the same configuration in {same} of {len(runs)} run(s).",
+            *simulation_table(),
         ]
     )
+
+
+def simulation_table() -> list[str]:
+    """The latest cluster_sim record's rows (a simulation with fixed seeds: its runs differ only
+    where the code does)."""
+    runs = records("cluster_sim")
+    if not runs:
+        return []
+    run = runs[-1]
+    lines = [
+        "",
+        f"Simulated clusters (`bench/cluster_sim.py`, {run['settings']['seeds']} draws per row; makespan, "
+        "GPU-hours and trials: medians; gap: the chosen configuration's to the best of the simulated space, "
+        "the worst draw):",
+        "",
+        "| job | GPUs | trials at once | zerotune: makespan, GPU-hours, trials, gap "
+        "| DeepSpeed's rule: makespan, GPU-hours, trials, gap | makespan ratio |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in run["figures"]["rows"]:
+        cells = [
+            f"{r[f'{who}_makespan_h'] * 60:.0f} min, {r[f'{who}_gpu_hours']:.0f}, {r[f'{who}_trials']:g}, "
+            f"{r[f'{who}_gap']:.1%}"
+            for who in ("zerotune", "deepspeed")
+        ]
+        lines.append(
+            f"| {r['job']} | {r['gpus']} | {r['slots']} | {cells[0]} | {cells[1]} | {r['makespan_ratio']:.2f} |"
+        )
+    return lines
 
 
 def readme(text: str) -> str:

@@ -104,3 +104,63 @@ def test_the_micro_batch_search_runs_stages_side_by_side(tuner_factory):
     result = tuner.tune()
     assert launcher.peak == 4 and not launcher.same_stage_at_once  # each stage's search stays sequential
     assert result.best is not None
+
+
+def test_extra_micro_batches_of_a_stage_fill_slots_that_would_idle(tuner_factory):
+    # Two stages on four slots: the stages' searches take two, and the smaller micro-batches
+    # the comparison would measure later take the others. No configuration runs twice.
+    launcher = SlowFake(target=4)
+    tuner = tuner_factory(
+        launcher=launcher,
+        node=Node("cuda", 8, 16 * GIB, 64 * GIB),
+        config={"zero_optimization": {"stage": [2, 3]}},
+    )
+    result = tuner.tune()
+    assert launcher.peak == 4 and launcher.same_stage_at_once
+    names = [j.spec.name for j in launcher.jobs if not j.trial_dir.name.startswith("confirm")]
+    assert len(names) == len(set(names)) and result.best is not None
+
+
+def test_trials_already_running_are_told_of_a_new_best(tuner_factory, monkeypatch):
+    import zerotune.tuning._loop as loop
+    from fakes import FakeLauncher
+
+    told = threading.Condition()
+    written = loop.write_json
+
+    def write_and_tell(path, data):
+        written(path, data)
+        with told:
+            told.notify_all()
+
+    monkeypatch.setattr(loop, "write_json", write_and_tell)
+
+    class WaitsForTheLeader(FakeLauncher):
+        """The first trial ends at once; each other waits until the tuner tells it the best."""
+
+        def __init__(self):
+            super().__init__()
+            self.lock, self.started, self.seen = threading.Lock(), 0, {}
+
+        def run(self, job):
+            with self.lock:
+                self.started += 1
+                first = self.started == 1
+            if not first:
+                path = job.trial_dir / "to_beat.json"
+                with told:
+                    assert told.wait_for(path.exists, timeout=60)
+                self.seen[job.spec.name] = json.loads(path.read_text())
+            return super().run(job)
+
+    launcher = WaitsForTheLeader()
+    tuner = tuner_factory(
+        launcher=launcher,
+        node=Node("cuda", 8, 16 * GIB, 64 * GIB),
+        config={"zero_optimization": {"stage": [0, 1, 2, 3]}, "train_micro_batch_size_per_gpu": [8]},
+    )
+    result = tuner.tune()
+    leader = result.trials[0].metric("throughput")  # the trial that ended at once
+    assert len(launcher.seen) >= 3
+    assert all(t["metric"] == "throughput" for t in launcher.seen.values())
+    assert any(abs(t["value"] - leader) < 1e-9 for t in launcher.seen.values())

@@ -509,3 +509,46 @@ def test_a_pick_above_its_trial_is_measured_again_with_all_it_beat(tuner_factory
     runs, note, result, _ = three_candidates(tuner_factory, again)
     assert [s for s, _ in runs] == [1, 2, 0, 0, 2, 1] and "(A B C C B A)" in note
     assert "z2_mb8_gas4 measured again differed from its trial" in note and "left out" not in note
+
+
+def test_across_groups_of_hosts_a_round_runs_at_once_and_the_next_on_other_hosts(tuner_factory, tmp_path):
+    import threading
+
+    from fakes import FakeLauncher
+
+    class Together(FakeLauncher):
+        """Trials as in the first test; each re-measurement waits until its round's other one runs."""
+
+        def __init__(self):
+            super().__init__(FakeMachine(speed={1: 1.01, 2: 1.0}, rel_ci=0.015))
+            self.again = FakeLauncher(FakeMachine(speed={1: 1.2, 2: 1.0}, rel_ci=0.01))
+            self.cond, self.arrived, self.where = threading.Condition(), {}, {}
+
+        def run(self, job):
+            if not job.trial_dir.name.startswith("confirm"):
+                return super().run(job)
+            round_ = job.trial_dir.name
+            with self.cond:
+                self.arrived[round_] = self.arrived.get(round_, 0) + 1
+                self.where[(round_, job.spec.name)] = job.slot.index
+                self.cond.notify_all()
+                assert self.cond.wait_for(lambda: self.arrived[round_] >= 2, timeout=60), "ran one at a time"
+            return self.again.run(job)
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-0 slots=2\nworker-1 slots=2\n")
+    launcher = Together()
+    tuner = tuner_factory(
+        launcher=launcher,
+        memory=TIGHT_MEMORY,
+        hostfile=hostfile,
+        num_nodes=1,
+        multinode_launcher="torchrun",
+        config={"zero_optimization": {"stage": [1, 2]}, "train_micro_batch_size_per_gpu": [8]},
+    )
+    result = tuner.tune()
+    assert launcher.arrived == {"confirm1": 2, "confirm2": 2}
+    for name in ("z1_mb8_gas4", "z2_mb8_gas4"):  # each candidate on the other group in round 2
+        assert launcher.where[("confirm1", name)] != launcher.where[("confirm2", name)]
+    note = next(n for n in result.notes if n.startswith("confirmed:"))
+    assert "each round at once on separate groups of hosts" in note and result.best.spec.stage == 1

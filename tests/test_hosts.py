@@ -305,3 +305,17 @@ def test_a_host_that_fails_during_the_tuning_leaves_the_pool_and_the_command_avo
     assert any("cmd_optimal.txt trains on worker-2, worker-3" in n for n in result.notes)
     command = (tmp_path / "results" / "cmd_optimal.txt").read_text()
     assert "worker-2 worker-3" in command and "worker-1" not in command
+
+
+def test_every_launcher_runs_trials_side_by_side_in_a_trial_pool():
+    from zerotune.launch import LocalLauncher, SlurmLauncher, TrialPool
+
+    hosts = [Host("worker-0", (0,)), Host("worker-1", (0,))]
+    for launcher in (
+        LocalLauncher(device="cpu"),
+        MultiNodeLauncher(hosts, device="cpu", pool=hosts),
+        SlurmLauncher("7", hosts, device="cpu", pool=hosts),
+    ):
+        pool = launcher.trial_pool(2)
+        assert isinstance(pool, TrialPool)
+        pool.shutdown()

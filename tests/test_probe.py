@@ -458,3 +458,46 @@ def test_the_time_cap_is_never_passed_by_a_step_it_could_foresee(probe_factory, 
         drive(probe, FakeEngine(), len(steps))
     out = json.loads((tmp_path / "rank0.json").read_text())
     assert len(out["intervals"]) == 6 and sum(out["intervals"]) <= 10.0
+
+
+def test_a_running_trial_stops_early_against_a_leader_found_after_it_started(probe_factory, tmp_path):
+    # Started with no leader (trials side by side start before any), it learns one from its
+    # folder's to_beat.json (written by the tuner) and stops once it clearly cannot beat it.
+    times = [0.0, 0.0, 1.0, 2.0, 3.1, 4.0, 5.2, 6.1, 7.3, 8.0, 9.4, 10.1] + [float(i) for i in range(12, 100)]
+    probe = probe_factory(times, rel_ci=0.001)
+    drive(probe, FakeEngine(), 5)  # measuring, nothing to stop against
+    assert not (tmp_path / "rank0.json").exists()
+    (tmp_path / "to_beat.json").write_text(json.dumps({"metric": "throughput", "value": 100.0}))
+    with pytest.raises(Exited):
+        drive(probe, FakeEngine(), 100)
+    out = json.loads((tmp_path / "rank0.json").read_text())
+    assert out["early_stop"] and out["lost_to"] == {"metric": "throughput", "value": 100.0}
+
+
+def test_a_re_measurement_reads_no_leader_file(probe_factory, tmp_path):
+    probe = probe_factory([0.0, 0.0, 1.0, 2.0], settle={"maximize": True})
+    (tmp_path / "to_beat.json").write_text(json.dumps({"metric": "throughput", "value": 100.0}))
+    probe._read_leader()
+    assert probe.spec.get("to_beat") is None
+
+
+def test_the_parameter_count_is_taken_before_the_engine_allocates(probe_factory, tmp_path, monkeypatch):
+    # A config whose states do not fit runs out of memory inside the engine's construction:
+    # its result still tells the model's size, which prunes the stages that cannot fit.
+    import deepspeed.runtime.engine as engine_module
+    import torch
+
+    from zerotune.probe._hooks import install
+
+    def failing_init(self, *args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(engine_module.DeepSpeedEngine, "__init__", failing_init)
+    monkeypatch.setattr(engine_module.DeepSpeedEngine, "forward", engine_module.DeepSpeedEngine.forward)
+    monkeypatch.setattr(engine_module.DeepSpeedEngine, "step", engine_module.DeepSpeedEngine.step)
+    probe = probe_factory([0.0] * 10)
+    install(probe)
+    model = torch.nn.Linear(10, 5)
+    with pytest.raises(torch.OutOfMemoryError):
+        engine_module.DeepSpeedEngine(args=None, model=model)
+    assert probe.model_params == 55 and probe.report("oom", "out of memory")["num_params"] == 55

@@ -242,3 +242,24 @@ def test_the_measurement_policy_has_the_same_names_on_every_face(tuner_factory):
     confirms = [j for j in tuner.launcher.jobs if j.window_seconds is not None]
     assert confirms and all(j.window_seconds == 3.0 for j in confirms)
     assert all(j.trial_dir.name == "confirm1" for j in confirms)  # one round at most
+
+
+def test_the_tuning_keeps_time_on_the_launcher_s_clock(tuner_factory):
+    # A launcher whose trials take 1,000 s each on its own (virtual) clock: the time budget of
+    # 2,500 s stops the search after three, and the tuning's wall time is that clock's.
+    from fakes import FakeLauncher
+
+    class Virtual(FakeLauncher):
+        clock = 0.0
+
+        def now(self):
+            return self.clock
+
+        def run(self, job):
+            self.clock += 1000.0
+            return super().run(job)
+
+    launcher = Virtual()
+    result = tuner_factory(launcher=launcher, time_budget=2500).tune()
+    assert len(launcher.jobs) == 3 and "stopped at the time budget of 2500 s" in result.notes
+    assert result.cost.total_time == pytest.approx(3000.0)

@@ -1,7 +1,7 @@
 """Starting a trial's processes: on this node, over the hosts of a hostfile, or as job steps of a
 Slurm allocation."""
 
-from ._base import Launcher, ProgramLauncher, TrialJob
+from ._base import Launcher, ProgramLauncher, TrialJob, TrialPool
 from ._cluster import Cluster, ClusterSettings, check_counts
 from ._deepspeed_runner import runner_accepts
 from ._hardware import Node, detect_node, host_memory
@@ -33,6 +33,7 @@ __all__ = [
     "ProgramLauncher",
     "Slot",
     "TrialJob",
+    "TrialPool",
     "check_counts",
     "detect_node",
     "end_leftovers",

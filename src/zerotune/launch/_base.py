@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import abc
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +108,25 @@ class TrialJob:
         }
 
 
+class TrialPool:
+    """Trials side by side: :meth:`submit` starts one, :meth:`wait_any` returns those of the
+    given futures that have finished (at least one). Each trial runs in a thread of its own; a
+    simulated launcher's pool runs them on its virtual clock instead (see Launcher.trial_pool)."""
+
+    def __init__(self, workers: int):
+        self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zerotune-trial")
+
+    def submit(self, run: Callable[[TrialJob], TrialResult], job: TrialJob) -> Future:
+        return self._threads.submit(run, job)
+
+    def wait_any(self, futures: Iterable[Future]) -> set[Future]:
+        done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
+        return done
+
+    def shutdown(self) -> None:
+        self._threads.shutdown(wait=True, cancel_futures=True)
+
+
 class Launcher(abc.ABC):
     """Runs one trial to completion and classifies how it ended. Must never raise for a trial
     that fails: failures are results (state crashed, oom, timeout). ``run`` may be called from
@@ -136,3 +158,12 @@ class Launcher(abc.ABC):
 
     def close(self) -> None:
         """End anything still running (called on Ctrl-C and at exit)."""
+
+    def trial_pool(self, workers: int) -> TrialPool:
+        """Where :meth:`run` runs for trials side by side, ``workers`` at most at once."""
+        return TrialPool(workers)
+
+    def now(self) -> float:
+        """Seconds on the clock the trials run by: the tuning's time budget and wall time are
+        read from it (a simulated launcher's is virtual)."""
+        return time.monotonic()

@@ -116,6 +116,10 @@ class MemoryModel:
         """Per stage and overrides, its trials that ran out of memory: what they held when they did."""
 
     def observe(self, result: TrialResult) -> None:
+        if result.state in (TrialState.OK, TrialState.OOM):
+            # The engine was built (a trial that ran out of memory did so in a step): its count
+            # of parameters holds whatever the memory.
+            self.num_params = self.num_params or result.num_params
         if result.state is TrialState.OOM and result.peak_memory:
             self.floors.setdefault((result.spec.stage, result.spec.overrides), []).append(
                 Point(result.spec.micro_batch, max(result.peak_memory), max(result.static_memory or [0]))
@@ -123,7 +127,6 @@ class MemoryModel:
             return
         if result.state is not TrialState.OK or not result.peak_memory or not result.static_memory:
             return
-        self.num_params = self.num_params or result.num_params
         self.points.setdefault(result.spec.stage, []).append(
             Point(result.spec.micro_batch, max(result.peak_memory), max(result.static_memory))
         )

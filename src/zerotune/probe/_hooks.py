@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 from .._files import write_json
 from ..trials import (
     MICRO_STEPS_FROM,
+    TO_BEAT_FILE,
     Figure,
     Samples,
     estimate_is_stable,
@@ -76,6 +78,10 @@ class StepProbe:
         self.engines: weakref.WeakSet = weakref.WeakSet()
         """Every DeepSpeed engine built during the trial: a warm process checks that none outlives it."""
         self.out = Path(spec["out_dir"])
+        self.model_params: int | None = None
+        """The model's parameter count, taken as the engine is built (see install)."""
+        self._leader_stamp: int | None = None
+        """When TO_BEAT_FILE was last read (its mtime), so each step reads it only when it changed."""
         self.times: list[float] = []
         """When each optimizer step (gradient-accumulation boundary) ended."""
         self.faults: list[int] = []
@@ -213,6 +219,8 @@ class StepProbe:
             ):
                 self.ready = None  # it paid for memory, or a ZeRO setup, no earlier trial had (see ProcessHistory)
         over_budget = self._over_budget()
+        if self.rank == 0:
+            self._read_leader()
         stop = self.rank == 0 and self._measured_enough()
         flags = self.torch.tensor([float(stop), float(over_budget)], device=self._flag_device())
         if self.torch.distributed.is_initialized():
@@ -424,6 +432,24 @@ class StepProbe:
             (lead, lead * (target.get("rel_se") or 0.0), math.inf if lead_df is None else lead_df),
         )
 
+    def _read_leader(self) -> None:
+        """The best figure the tuner found since this trial started (TO_BEAT_FILE in its
+        folder), which it may now stop early against; a re-measurement answers its own question
+        (settle) and reads none."""
+        if self.spec.get("settle") is not None:
+            return
+        path = self.out / TO_BEAT_FILE
+        try:
+            stamp = path.stat().st_mtime_ns
+            if stamp == self._leader_stamp:
+                return
+            self._leader_stamp = stamp
+            target = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return  # none yet, or unreadable: the trial goes on as it started
+        if isinstance(target, dict) and target.get("metric") in ("throughput", "latency") and target.get("value"):
+            self.spec["to_beat"] = target
+
     def _over_budget(self) -> bool:
         budget = self.spec.get("budget")
         return bool(budget) and self.memory is not None and self.memory.peak() > budget
@@ -459,7 +485,7 @@ class StepProbe:
     # -- results -----------------------------------------------------------------------------
     def report(self, state: str, reason: str) -> dict[str, Any]:
         engine = self.engine
-        num_params = None
+        num_params = self.model_params
         samples_per_step = None
         if engine is not None:
             num_params = count_params(engine)
@@ -540,6 +566,11 @@ def install(probe: StepProbe) -> None:
 
     def init(self, *args, **kwargs):
         probe.engines.add(self)
+        model = kwargs.get("model", args[1] if len(args) > 1 else None)
+        if probe.model_params is None and hasattr(model, "parameters"):
+            # Counted before the engine allocates its states: a config whose states do not fit
+            # runs out of memory in there, and its result still tells the parameter count.
+            probe.model_params = sum(int(getattr(q, "ds_numel", q.numel())) for q in model.parameters())
         out = orig_init(self, *args, **kwargs)
         probe.engine_built()
         return out

@@ -68,6 +68,8 @@ class MicroBatchSearch(Searcher):
         """Per stage, the suggestion handed out and not yet observed."""
         self._largest: dict[int, int | None] = {}
         """Per finished stage, its largest fitting micro-batch (None: none fits)."""
+        self._extras: dict[TrialSpec, Suggestion] = {}
+        """Smaller micro-batches started while slots would idle (see _extra), not yet observed."""
         self._compare: Plan | None = None
         self._compare_next: Suggestion | None = None
         self._compare_issued: Suggestion | None = None
@@ -75,14 +77,25 @@ class MicroBatchSearch(Searcher):
     # -- Searcher ------------------------------------------------------------------------------
     def ask(self, outstanding: int) -> Suggestion | None:
         """Phase 1: the next trial of the first stage that has none running (so one slot
-        searches stage by stage, several search stages side by side). Phase 2: one at a time."""
-        for stage in self.stages:
+        searches stage by stage, several search stages side by side), and while trials run and
+        a slot would idle, a smaller micro-batch of a stage (see _extra). Phase 2: one at a time.
+        Side by side, the first stage searched is the lowest (the fastest where it fits) and the
+        others start from the highest (the one likeliest to fit): its trial teaches the memory
+        model the parameter count and the activations, which rule out the lower stages that
+        cannot fit before they cost a slot."""
+        for stage in self.stages if not outstanding else self.stages[::-1]:
             if stage in self._largest or stage in self._issued:
                 continue
             suggestion = self._advance(stage)
+            if suggestion is not None and suggestion.spec in self._extras:
+                self._ready[stage] = suggestion  # running already, as an extra: its result will do
+                continue
             if suggestion is not None:
                 self._issued[stage] = suggestion
                 return suggestion
+        if self._compare is None and outstanding and (extra := self._extra()) is not None:
+            self._extras[extra.spec] = extra
+            return extra
         if len(self._largest) < len(self.stages) or outstanding:
             return None
         if self._compare is None:
@@ -101,6 +114,8 @@ class MicroBatchSearch(Searcher):
         self.results.append(result)
         self.memory.observe(result)
         stage = result.spec.stage
+        if self._extras.pop(result.spec, None) is not None:
+            return  # its figure is in self.results, for the stage's plan and the comparison
         if stage in self._issued and self._issued[stage].spec == result.spec:
             del self._issued[stage]
             self._step(stage, result)
@@ -113,6 +128,48 @@ class MicroBatchSearch(Searcher):
             self._compare_next = self._compare.send(result)
         except StopIteration:
             self._compare_next = None
+
+    def _extra(self) -> Suggestion | None:
+        """A micro-batch of a stage to start while the stages' searches wait on their trials and
+        a slot would idle (several trials at once): one the search would run later, one after
+        another. Where the stage ran out of memory above what it is trying, the largest untried
+        micro-batch between the two; else about half the smallest it has tried or is trying (phase 2 compares smaller micro-batches, and a larger
+        one that runs out of memory sends the search down too). Spread over the stages, at most
+        ``num_micro_batches`` running or fitting per stage, and never one the memory model or an
+        out-of-memory trial rules out."""
+        running = {st: sum(spec.stage == st for spec in self._extras) for st in self.stages}
+        # The fewest running first; among those, the highest stage (the likeliest to fit).
+        for stage in sorted(self.stages[::-1], key=lambda st: running[st]):
+            issued = self._issued.get(stage)
+            top = issued.spec.micro_batch if issued is not None and not issued.prune_reason else None
+            top = top if top is not None else self._largest.get(stage)
+            if top is None or self._cannot_fit(stage) is not None:
+                continue
+            mine = [r for r in self.results if r.spec.stage == stage]
+            oom = min((r.spec.micro_batch for r in mine if r.state is TrialState.OOM), default=math.inf)
+            seen = {r.spec.micro_batch for r in mine} | {
+                spec.micro_batch for spec in self._extras if spec.stage == stage
+            }
+            seen.add(top)
+            if len([c for c in seen if c < oom]) >= self.num_micro_batches:
+                continue
+            fit = self.memory.fit(stage)
+            options = [
+                c
+                for c in self.candidates
+                if c not in seen
+                and c < oom
+                and self._over_floor(stage, c) is None
+                and (fit is None or not self.budget or fit.upper(c) <= self.budget)
+            ]
+            above = [c for c in options if top < c]
+            ref = min(c for c in seen if c < oom) if any(c < oom for c in seen) else top
+            lower = [c for c in options if c < ref]
+            if above and oom < math.inf:  # between what it tries and what ran out: the search narrows that next
+                return Suggestion(self.spec(stage, max(above)))
+            if lower:
+                return Suggestion(self.spec(stage, min(lower, key=lambda c: abs(math.log(c) - math.log(ref / 2)))))
+        return None
 
     def _advance(self, stage: int) -> Suggestion | None:
         """The stage's next suggestion (starting its plan if new); None when the stage is done."""

@@ -33,7 +33,7 @@ from ._step_stats import (
     t95_df,
     welch_df,
 )
-from ._trial import SHORT_KEYS, Measurement, TrialResult, TrialSpec, TrialState
+from ._trial import SHORT_KEYS, TO_BEAT_FILE, Measurement, TrialResult, TrialSpec, TrialState
 
 __all__ = [
     "Choice",
@@ -44,6 +44,7 @@ __all__ = [
     "MeasureSettings",
     "Measurement",
     "SHORT_KEYS",
+    "TO_BEAT_FILE",
     "Samples",
     "TrialResult",
     "TrialSpec",

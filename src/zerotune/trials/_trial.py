@@ -12,6 +12,11 @@ from typing import Any
 
 from ._step_stats import t95_df
 
+TO_BEAT_FILE = "to_beat.json"
+"""In a running trial's folder: the best figure found since it started (TrialJob.to_beat's
+form), written by the tuner and read by the probe at each step, so that a trial started before
+the leader was known may stop early against it too."""
+
 
 class TrialState(str, enum.Enum):
     OK = "ok"

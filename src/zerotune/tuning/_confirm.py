@@ -1,7 +1,8 @@
 """A confirmed choice: before the final pick, the configurations within noise of the best (at
 most 3, see confirm_candidates) are measured again, interleaved (A B C, and C B A unless the
 first round settled it; less those it showed slower beyond noise, see second_round) in the same
-warm processes, and the choice is made on those figures. Interleaving puts the machine's drift
+warm processes (across groups of hosts: a round's candidates at once, one per group, see
+side_by_side), and the choice is made on those figures. Interleaving puts the machine's drift
 (other load, thermal, a noisy neighbour) on every candidate alike, which separate trials minutes
 apart cannot, and the second round's reversed order cancels a steady drift across the rounds.
 In the first round, each measures on past its window while its own steps can settle its
@@ -74,20 +75,52 @@ def confirm(
     out, by_name = start_rounds(group, first)
     runs = [r for r in group if r.name != first]
     rounds = factory.measure.remeasure_rounds
+    apart = side_by_side(slots)
     for round_ in range(1, rounds + 1):
-        for r in runs:
-            job = factory.make_confirm_job(record.store, r.spec, round_, slots[0])
-            leader = choose_best(confirmed_of(by_name, group), metric, margin) if round_ == 1 else None
-            if leader is not None:
-                job.settle = settle_target(leader.best, r, metric, margin)
-            result = launcher.run(job)
-            out.runs.append(result)
-            by_name[r.name].append(result)
-            against = f", its comparison with {leader.best.name} to settle" if job.settle else ""
-            record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {rounds}{against}")
+        for wave in (
+            [runs[i : i + len(slots)] for i in range(0, len(runs), len(slots))] if apart else [[r] for r in runs]
+        ):
+            jobs = []
+            for i, r in enumerate(wave):
+                job = factory.make_confirm_job(record.store, r.spec, round_, slots[i])
+                leader = choose_best(confirmed_of(by_name, group), metric, margin) if round_ == 1 else None
+                if leader is not None:
+                    job.settle = settle_target(leader.best, r, metric, margin)
+                jobs.append((r, job, leader))
+            results = run_together(launcher, [job for _, job, _ in jobs])
+            for (r, job, leader), result in zip(jobs, results, strict=True):
+                out.runs.append(result)
+                by_name[r.name].append(result)
+                against = f", its comparison with {leader.best.name} to settle" if job.settle else ""
+                record.emit("confirm", round_, r.spec, result, f"round {round_} of at most {rounds}{against}")
         if round_ < rounds and not (runs := second_round(by_name, group, first, metric, margin)):
             break
-    return _decide(out, by_name, group, choice, metric, margin, reused=False, joined=chosen.note())
+    return _decide(out, by_name, group, choice, metric, margin, reused=False, joined=chosen.note(), apart=apart)
+
+
+def side_by_side(slots: list[Slot]) -> bool:
+    """Re-measure the candidates of a round at once, each on its own group of hosts: where the
+    slots are disjoint nodes, which share nothing but the network, running together puts the
+    cluster's drift on every candidate alike, as interleaving does on one slot; the reversed
+    order of the second round puts each candidate on other nodes, so a slow node weighs on
+    every candidate. On one node, candidates side by side would share its memory and buses:
+    there they take turns in one slot."""
+    return len(slots) > 1 and all(s.hosts for s in slots)
+
+
+def run_together(launcher: Launcher, jobs: list) -> list[TrialResult]:
+    """``jobs`` run at once (each on its own slot), their results in the same order."""
+    if len(jobs) == 1:
+        return [launcher.run(jobs[0])]
+    pool = launcher.trial_pool(len(jobs))
+    try:
+        futures = [pool.submit(launcher.run, job) for job in jobs]
+        pending = set(futures)
+        while pending:
+            pending -= pool.wait_any(pending)
+        return [f.result() for f in futures]
+    finally:
+        pool.shutdown()
 
 
 def settle_target(leader: TrialResult, candidate: TrialResult, metric: str, margin: float) -> dict | None:
@@ -256,6 +289,7 @@ def _decide(
     *,
     reused: bool,
     joined: str = "",
+    apart: bool = False,
 ) -> Confirmation:
     out.confirmed = {c.name: c for c in confirmed_of(by_name, group)}
     pick = choose_best(list(out.confirmed.values()), metric, margin)
@@ -285,7 +319,8 @@ def _decide(
     if out.best != choice.best.name:
         verdict += f" (the trials alone had chosen {choice.best.name})"
     out.note = (
-        f"confirmed: measured {len(group)} configurations within noise of each other again, interleaved "
+        f"confirmed: measured {len(group)} configurations within noise of each other again, "
+        + ("each round at once on separate groups of hosts " if apart else "interleaved ")
         + ("(by an earlier run of this tuning, reused) " if reused else "")
         + f"({order}): {figures}; "
         + (f"{joined}; " if joined else "")

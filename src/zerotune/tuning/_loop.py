@@ -8,16 +8,16 @@ random, model-based) keeps every slot busy; the micro-batch search asks one at a
 from __future__ import annotations
 
 import math
-import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from .._files import write_json
 from ..models import Prediction, ThroughputModel
 from ..search import EarlyStopping, Searcher, Suggestion
-from ..trials import TrialResult, TrialState, choose_best, figure_of, fmt_metric
+from ..trials import TO_BEAT_FILE, TrialResult, TrialState, choose_best, figure_of, fmt_metric
 
 if TYPE_CHECKING:
-    from ..launch import Launcher, Slot, TrialJob
+    from ..launch import Launcher, Slot, TrialJob, TrialPool
     from ..results import TuningRecord
     from ._trial_factory import TrialFactory
 
@@ -35,7 +35,7 @@ class PhaseRun:
         start: float,
         time_budget: float | None,
     ):
-        """``start``: when the tuning started (time.monotonic); ``time_budget``: seconds after
+        """``start``: when the tuning started (the launcher's clock, Launcher.now); ``time_budget``: seconds after
         which no trial is launched (None: no limit)."""
         self.factory, self.launcher, self.slots, self.record = trials, launcher, list(slots), record
         self.start, self.time_budget = start, time_budget
@@ -47,6 +47,7 @@ class PhaseRun:
         self.model = ThroughputModel()
         """Predicts each trial before it runs, verified against what it then measures."""
         self._predictions: dict[str, Prediction | None] = {}
+        self._running_jobs: list[TrialJob] = []
 
     def run(self, searcher: Searcher, stopper: EarlyStopping | None) -> bool:
         """Runs ``searcher`` to its end; False when a limit (trials, time) stopped the tuning."""
@@ -58,14 +59,14 @@ class PhaseRun:
         again: list[tuple[Suggestion, TrialJob, int]] = []
         """Trials whose host failed under them: they run again on a group that kept its hosts."""
         stopped = False
-        pool = ThreadPoolExecutor(max_workers=len(slots), thread_name_prefix="zerotune-trial")
+        pool = self.launcher.trial_pool(len(slots))
         try:
             while True:
                 while slots and again:
                     suggestion, job, index = again.pop(0)
                     job.slot = slot = slots.pop(0)
                     self.record.emit("started", index, suggestion.spec)
-                    running[pool.submit(self.launcher.run, job)] = (suggestion, job, slot, index)
+                    running[self._submit(pool, job)] = (suggestion, job, slot, index)
                 while slots and not self.limit_hit and not stopped:
                     suggestion = searcher.ask(len(running))
                     if suggestion is None:
@@ -84,12 +85,13 @@ class PhaseRun:
                     prepared.slot = slot
                     index = len(self.trials) + len(running)
                     self.record.emit("started", index, suggestion.spec)
-                    running[pool.submit(self.launcher.run, prepared)] = (suggestion, prepared, slot, index)
+                    running[self._submit(pool, prepared)] = (suggestion, prepared, slot, index)
                 if not running and not (again and slots):
                     break
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                done = pool.wait_any(running)
                 for future in sorted(done, key=lambda f: running[f][3]):
                     suggestion, job, slot, index = running.pop(future)
+                    self._running_jobs.remove(job)
                     result = future.result()
                     if self.alive(slot):
                         slots.append(slot)
@@ -107,14 +109,45 @@ class PhaseRun:
             self.launcher.close()  # end the running trials, so their threads return
             raise
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown()
         for note in getattr(searcher, "notes", []):
             self.record.note(note)
         return not self.limit_hit
 
+    def _submit(self, pool: TrialPool, job: TrialJob) -> Future:
+        (job.trial_dir / TO_BEAT_FILE).unlink(missing_ok=True)  # an earlier run's: not this one's leader
+        self._running_jobs.append(job)
+        return pool.submit(self.launcher.run, job)
+
     def alive(self, slot: Slot) -> bool:
         """None of ``slot``'s hosts left the pool (see Launcher.dropped)."""
         return not {h.name for h in slot.hosts} & set(self.launcher.dropped)
+
+    def _to_beat(self) -> dict | None:
+        """The best trial's figure, which a trial may stop measuring against once it clearly
+        cannot beat it (TrialJob.to_beat); None without one."""
+        best = choose_best(self.trials, self.metric, self.margin)
+        lead = figure_of(best.best, self.metric) if best is not None else None
+        if lead is None or self.metric not in ("throughput", "latency") or not math.isfinite(lead.rel_se):
+            return None  # a leader without an interval (one timed step) cannot show anything slower
+        return {
+            "metric": self.metric,
+            "value": lead.value,
+            "rel_se": lead.rel_se,
+            "df": lead.df if math.isfinite(lead.df) else None,
+        }
+
+    def _tell_running(self) -> None:
+        """Give the trials still running the best figure they did not start with (TO_BEAT_FILE in
+        their folders, read by the probe at each step): with trials side by side, most start
+        before any leader exists, and one that clearly cannot beat it stops early all the same."""
+        target = self._to_beat()
+        if target is None:
+            return
+        for job in self._running_jobs:
+            if job.to_beat != target:
+                job.to_beat = target
+                write_json(job.trial_dir / TO_BEAT_FILE, target)
 
     def _record(self, searcher: Searcher, stopper: EarlyStopping | None, result: TrialResult) -> bool:
         """Tell the searcher; True when the stopping rule ends the phase."""
@@ -122,6 +155,7 @@ class PhaseRun:
         self.model.observe(result)
         searcher.observe(result)
         self.record.lead(choose_best(self.trials, self.metric, self.margin))
+        self._tell_running()
         if stopper is not None and stopper.observe(result):
             self.record.note(stopper.reason)
             return True
@@ -150,7 +184,7 @@ class PhaseRun:
         if record.launched >= self.max_trials:
             record.note(f"stopped after tuner_num_trials={self.max_trials} trials")
             return None
-        if self.time_budget and time.monotonic() - self.start > self.time_budget:
+        if self.time_budget and self.launcher.now() - self.start > self.time_budget:
             record.note(f"stopped at the time budget of {self.time_budget:g} s")
             return None
         if reason := self._predicted_loser(spec, prediction):
@@ -165,16 +199,7 @@ class PhaseRun:
             return result
         job = factory.make_job(record.store, spec, cfg)
         self._predictions[spec.name] = prediction
-        best = choose_best(self.trials, self.metric, self.margin)
-        lead = figure_of(best.best, self.metric) if best is not None else None
-        if lead is not None and self.metric in ("throughput", "latency") and math.isfinite(lead.rel_se):
-            # A leader without an interval (one timed step) cannot show anything slower.
-            job.to_beat = {
-                "metric": self.metric,
-                "value": lead.value,
-                "rel_se": lead.rel_se,
-                "df": lead.df if math.isfinite(lead.df) else None,
-            }
+        job.to_beat = self._to_beat()
         record.launching()
         return job
 

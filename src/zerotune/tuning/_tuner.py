@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -204,7 +203,7 @@ class Autotuner:
         )
         self.record, self.result = record, None
         searcher = self.search.searcher or trials.default_searcher()
-        start = time.monotonic()
+        start = self.launcher.now()
         self.launcher.preflight()  # a missing tool or an unreachable host: one error before any trial
         self.launcher.check_storage(self.results_dir)  # every node writes where this one reads
         if line := leftovers_line(end_leftovers(self.results_dir), "an earlier, killed tuning of this folder"):
@@ -227,7 +226,7 @@ class Autotuner:
             if line := run.model.table():
                 record.note(line)
             if (choice := choose_best(record.trials, at.metric, self.measure.tie_margin)) is not None:
-                if self.time_budget and time.monotonic() - start > self.time_budget:
+                if self.time_budget and self.launcher.now() - start > self.time_budget:
                     record.note(
                         "the configurations within noise of the best were not measured again: the time budget is spent"
                     )
@@ -239,13 +238,13 @@ class Autotuner:
         except BaseException:
             self._end_processes(record)
             try:
-                record.write_session("interrupted", wall=time.monotonic() - start)
+                record.write_session("interrupted", wall=self.launcher.now() - start)
             except ZerotuneError:
                 pass  # the disk is full: the error being raised says so; finished trials are on disk
             raise
         self._end_processes(record)  # warm processes end with the tuning
         training = self._training_cluster(record)
-        wall = time.monotonic() - start
+        wall = self.launcher.now() - start
         done = record.trials
         choice = choose_best(done, at.metric, self.measure.tie_margin)
         best = choice.best if choice else None
