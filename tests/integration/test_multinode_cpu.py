@@ -31,6 +31,19 @@ def ds_config(tmp_path, stages, micro_batches):
     return path
 
 
+def tune_one_node_trials(tmp_path, hostfile, res, env):
+    """``zerotune tune`` of the GPT example with one-node trials over ``hostfile`` (torchrun agents)."""
+    return subprocess.run(
+        [sys.executable, "-m", "zerotune.cli", "tune", "--hostfile", str(hostfile), "--num-nodes", "1",
+         "--launcher", "torchrun", "--log-format", "json", "--results-dir", str(res), "--precision", "0.2",
+         str(GPT), "--model", "tiny", "--deepspeed_config", str(ds_config(tmp_path, [0, 1], [8]))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )  # fmt: skip
+
+
 def test_two_nodes_through_torchrun_agents(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
@@ -114,15 +127,7 @@ def test_two_trials_at_once_on_two_nodes_of_one_process_each(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
     res = tmp_path / "results"
-    out = subprocess.run(
-        [sys.executable, "-m", "zerotune.cli", "tune", "--hostfile", str(hostfile), "--num-nodes", "1",
-         "--launcher", "torchrun", "--log-format", "json", "--results-dir", str(res), "--precision", "0.2",
-         str(GPT), "--model", "tiny", "--deepspeed_config", str(ds_config(tmp_path, [0, 1], [8]))],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=600,
-    )  # fmt: skip
+    out = tune_one_node_trials(tmp_path, hostfile, res, ENV)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     events = [json.loads(line) for line in out.stdout.splitlines()]
     kinds = [e["event"] for e in events if e["event"] in ("started", "finished")]
@@ -146,15 +151,7 @@ def test_a_node_that_fails_during_the_tuning_leaves_the_pool_and_the_tuning_fini
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\nnode-b slots=1\n")
     res = tmp_path / "results"
-    out = subprocess.run(
-        [sys.executable, "-m", "zerotune.cli", "tune", "--hostfile", str(hostfile), "--num-nodes", "1",
-         "--launcher", "torchrun", "--log-format", "json", "--results-dir", str(res), "--precision", "0.2",
-         str(GPT), "--model", "tiny", "--deepspeed_config", str(ds_config(tmp_path, [0, 1], [8]))],
-        capture_output=True,
-        text=True,
-        env={**ENV, "PATH": f"{bin_dir}{os.pathsep}{ENV['PATH']}"},
-        timeout=600,
-    )  # fmt: skip
+    out = tune_one_node_trials(tmp_path, hostfile, res, {**ENV, "PATH": f"{bin_dir}{os.pathsep}{ENV['PATH']}"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     events = [json.loads(line) for line in out.stdout.splitlines()]
     assert [e["event"] for e in events].count("started") == 3  # the trial on node-b ran again here
