@@ -50,12 +50,13 @@ def main() -> None:
             step += 1
             if step >= args.max_train_steps:
                 break
-    engine = model  # accelerate.prepare returns DeepSpeed's engine under a DeepSpeed plugin
     if accelerator.is_main_process:
+        # accelerate.prepare returns DeepSpeed's engine under a DeepSpeed plugin, the sharded model under FSDP.
+        engine = "deepspeed" if hasattr(model, "zero_optimization_stage") else accelerator.distributed_type.value
+        stage = model.zero_optimization_stage() if engine == "deepspeed" else None
         print(
-            f"loss={loss.item():.4f} steps={step} zero_stage={engine.zero_optimization_stage()} "
-            f"micro_batch={engine.train_micro_batch_size_per_gpu()} "
-            f"accumulation={engine.gradient_accumulation_steps()}",
+            f"loss={loss.item():.4f} steps={step} engine={engine} zero_stage={stage} "
+            f"micro_batch={args.per_device_train_batch_size} accumulation={accelerator.gradient_accumulation_steps}",
             flush=True,
         )
     accelerator.end_training()  # ends the process group too, before the interpreter's exit

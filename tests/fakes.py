@@ -56,6 +56,15 @@ class FakeMachine:
     reduce_bucket_bytes: int = 0
     """Extra peak bytes per element of zero_optimization.reduce_bucket_size, up to the model's size
     (a bucket holds at most every gradient), as zerotune's memory model counts it."""
+    fsdp_speed: dict[int, float] = field(default_factory=lambda: {2: 1.2, 3: 0.9})
+    """Per FSDP2 stage (2 keeps the parameters, 3 reshards), the speed factor of its trials."""
+    losses: list[float] = field(default_factory=lambda: [8.0, 7.9, 7.85, 7.8])
+    """The first steps' mean losses every trial reports (relative to one another, see loss_scale)."""
+    loss_scale: dict[str, float] = field(default_factory=lambda: {"deepspeed": 1.0, "fsdp": 0.5})
+    """Per engine, the constant factor its framework scales the model's loss by (the Hugging Face
+    Trainer's normalization differs by engine)."""
+    fsdp_losses: list[float] | None = None
+    """The losses FSDP2 trials report instead of ``losses`` (a training of other numbers)."""
 
     @classmethod
     def analytic(cls, num_params: int, overhead: int, dp: int = 2, **kw) -> FakeMachine:
@@ -85,7 +94,7 @@ class FakeMachine:
 
     def peak(self, spec: TrialSpec) -> int:
         static = self.static[spec.stage]
-        if any(k.endswith("offload_optimizer.device") for k, _ in spec.overrides):
+        if any(k.endswith("offload_optimizer.device") or k == "fsdp.offload" for k, _ in spec.overrides):
             static = int(static * self.offload_keeps)
         bucket = dict(spec.overrides).get("zero_optimization.reduce_bucket_size", 0)
         static += self.lazy.get(spec.stage, 0)
@@ -99,7 +108,12 @@ class FakeMachine:
         # Saturating in the micro-batch, scaled per stage and by the knobs.
         factor = math.prod(self.knob_speed.get((k, v), 1.0) for k, v in spec.overrides)
         factor *= self.mb_speed.get(spec.micro_batch, 1.0)
-        return 1000.0 * self.speed[spec.stage] * factor * (1 - math.exp(-spec.micro_batch / 8))
+        speed = self.fsdp_speed[spec.stage] if spec.engine == "fsdp" else self.speed[spec.stage]
+        return 1000.0 * speed * factor * (1 - math.exp(-spec.micro_batch / 8))
+
+    def losses_of(self, spec: TrialSpec) -> list[float]:
+        losses = self.fsdp_losses if spec.engine == "fsdp" and self.fsdp_losses is not None else self.losses
+        return [v * self.loss_scale[spec.engine] for v in losses]
 
 
 class FakeLauncher(Launcher):
@@ -123,6 +137,7 @@ class FakeLauncher(Launcher):
             num_params=m.num_params,
             budget=job.budget,
             wall_time=m.trial_seconds,
+            losses=m.losses_of(spec),
         )
         if spec.name in m.crash:
             return TrialResult(state=TrialState.CRASHED, reason="RuntimeError: boom", **base)

@@ -114,7 +114,7 @@ def test_accelerate_script_tuned_over_two_stages_then_trained(tmp_path):
     assert "1 launch(es)" in summary  # the second stage ran warm in the processes of the first
     best = next(t for t in results["trials"] if t["name"] == results["best"])
     stage = best["spec"]["stage"]
-    assert f"steps=30 zero_stage={stage} micro_batch=4 accumulation=2" in out.stdout  # `zerotune run` trained
+    assert f"steps=30 engine=deepspeed zero_stage={stage} micro_batch=4 accumulation=2" in out.stdout  # `zerotune run`
     optimal = yaml.safe_load((res / "accelerate_config_optimal.yaml").read_text())
     assert optimal["deepspeed_config"]["deepspeed_config_file"] == str(res / "ds_config_optimal.json")
 
@@ -130,4 +130,4 @@ def test_accelerate_script_tuned_over_two_stages_then_trained(tmp_path):
     assert words[len(env_words) : len(env_words) + 2] == ["accelerate", "launch"]
     again = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=ENV, timeout=600, cwd=tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"steps=30 zero_stage={stage} micro_batch=4 accumulation=2" in again.stdout
+    assert f"steps=30 engine=deepspeed zero_stage={stage} micro_batch=4 accumulation=2" in again.stdout

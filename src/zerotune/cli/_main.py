@@ -152,7 +152,13 @@ def _tune(args: argparse.Namespace, command: list[str]) -> int:
             slurm=args.slurm,
         ),
         measure=MeasureSettings.of(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MeasureSettings)}),
-        search=SearchSettings(time_budget=args.time_budget, retry_failed=args.retry_failed, search=args.search),
+        search=SearchSettings(
+            time_budget=args.time_budget,
+            retry_failed=args.retry_failed,
+            search=args.search,
+            engines=args.engines,
+            fsdp_wrap=args.fsdp_wrap,
+        ),
         on_event=lambda e: [s(e) for s in sinks],
     )
     printer.watch(tuner)

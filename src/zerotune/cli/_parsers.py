@@ -169,6 +169,21 @@ def tune_parser(name: str) -> argparse.ArgumentParser:
         "else stage,micro-batch at your global batch, and offload where your config offloads)",
     )
     p.add_argument(
+        "--engines",
+        default=None,
+        metavar="LIST",
+        help="the engines to tune and choose across, comma-separated: deepspeed (ZeRO), fsdp (PyTorch FSDP2) "
+        "or both, for Hugging Face Trainer and Accelerate scripts, whose engine zerotune switches "
+        "(default: the engine the script is configured for)",
+    )
+    p.add_argument(
+        "--fsdp-wrap",
+        default=None,
+        metavar="CLASSES",
+        help="the model's block classes that FSDP2 shards one by one, comma-separated (default: the model's "
+        "_no_split_modules, as Hugging Face models declare them; else the whole model is one unit)",
+    )
+    p.add_argument(
         "--tie-margin",
         type=float,
         default=None,

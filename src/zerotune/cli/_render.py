@@ -18,7 +18,8 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
     """The stage table (80 columns: no vertical rules; the figures never wrap, a long trial name
     folds), the choice with the environment its figures hold in, notes, cost."""
     console = console or Console(highlight=False)
-    table = Table(title=f"zerotune: {result.metric} by ZeRO stage", box=box.SIMPLE_HEAD, pad_edge=False)
+    by = "engine and stage" if result.engines else "ZeRO stage"
+    table = Table(title=f"zerotune: {result.metric} by {by}", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("stage", "trials", "ok", "oom", "failed", "pruned"):
         table.add_column(col, no_wrap=True, justify="right")
     table.add_column(f"best {UNITS[result.metric]}", no_wrap=True)
@@ -40,6 +41,8 @@ def print_summary(result: TuningResult, console: Console | None = None) -> None:
         )
         if line := result.env_line():
             console.print(safe(line))
+    for line in result.engines:
+        console.print(safe(line))
     for line in result.own.lines() if result.own is not None else []:
         console.print(f"[bold]{safe(line)}[/]" if line.startswith("your config") else safe(line))
     for note in result.notes:

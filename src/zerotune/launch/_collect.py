@@ -246,6 +246,7 @@ def _collect(
         result.static_memory = [int(r["static_memory"]) for r in present if r.get("static_memory") is not None]
         result.memory_kind = present[0].get("memory_kind") or ""
         result.num_params = present[0].get("num_params")
+        result.losses = mean_losses(present)
     states = {r["state"] for r in present}
     reasons = list(dict.fromkeys(r["reason"] for r in present if r.get("reason")))  # each rank says the same
     if "oom" in states:
@@ -367,3 +368,15 @@ def _lost_to(rank0: dict) -> dict[str, Any]:
     if not _positive(value) or metric not in ("throughput", "latency"):
         return {}
     return {"lost_to": float(value), "lost_to_metric": metric}
+
+
+def mean_losses(ranks: list[dict]) -> list[float]:
+    """The first steps' mean losses over the ranks (each rank's own mean per step): the steps every
+    rank reported, none where one reported something other than finite numbers."""
+    lists = [r.get("losses") or [] for r in ranks]
+    if not lists or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for lst in lists for v in lst
+    ):
+        return []
+    steps = min(len(lst) for lst in lists)
+    return [sum(lst[k] for lst in lists) / len(lists) for k in range(steps)]

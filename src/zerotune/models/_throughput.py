@@ -108,7 +108,8 @@ class ThroughputModel:
 
     @staticmethod
     def variant(spec: TrialSpec) -> tuple:
-        return (spec.stage, spec.overrides)
+        """Stage, overrides and engine: trials of one variant differ in the micro-batch only."""
+        return (spec.stage, spec.overrides, spec.engine)
 
     def observe(self, result: TrialResult) -> None:
         m = result.measurement
@@ -156,8 +157,10 @@ class ThroughputModel:
         shapes = [(v, c) for v in self.points if v != variant and (c := _fit(self._points(v))) is not None and c.p > 0]
         if not shapes:
             return None
-        # Prefer the shape of the same stage (another offload or knob setting), else the closest stage.
-        donor, shape = min(shapes, key=lambda vc: (vc[0][0] != spec.stage, abs(vc[0][0] - spec.stage)))
+        # Prefer the shape of the same engine and stage (another offload or knob setting), else the closest stage.
+        donor, shape = min(
+            shapes, key=lambda vc: (vc[0][2] != spec.engine, vc[0][0] != spec.stage, abs(vc[0][0] - spec.stage))
+        )
         base = min(own, key=lambda pt: abs(1.0 / pt.x - mb))
         mb0 = round(1.0 / base.x)
 

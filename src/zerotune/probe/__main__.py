@@ -74,6 +74,14 @@ def main() -> None:
     from ._trial import run_script
 
     faulthandler.enable(all_threads=True)  # a rank that aborts or segfaults says where, in its stderr
+    from .. import accelerate_cpu
+
+    if spec.get("accelerate") and accelerate_cpu.wanted():
+        from ._accelerate_cpu import install
+
+        install()
+        if spec.get("engine") == "fsdp":
+            os.environ.update(accelerate_cpu.CPU_ENV)
     try:
         run_script(spec, local_rank)
     except SystemExit as e:

@@ -31,6 +31,21 @@ from ._history import ProcessHistory, zero_setup
 from ._memory import MemoryReader, minor_faults
 from ._settled import settled_at
 
+LOSS_STEPS = 4
+"""Optimizer steps whose mean loss a trial records: the engines' agreement is read from them."""
+
+
+def loss_of(out: Any) -> float | None:
+    """The loss a forward returned: a one-element tensor, or the ``loss`` of a model output."""
+    import torch
+
+    loss = out if isinstance(out, torch.Tensor) else getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return float(loss.detach().float().item())
+    return None
+
 
 def count_params(engine) -> int:
     """The model's parameters (ZeRO-3's partitioned ones at their whole size)."""
@@ -107,6 +122,9 @@ class StepProbe:
         self.tied = False
         """Ended behind the best so far, the steps its time cap left unable to show it slower (see _tied)."""
         self.batch_note = ""
+        self.losses: list[float] = []
+        """This rank's mean loss in each of the first LOSS_STEPS optimizer steps (see saw_output)."""
+        self._step_losses: list[float] = []
         self.memory: MemoryReader | None = None
         self.engine = None
         self._warmup: int | None = None
@@ -197,6 +215,13 @@ class StepProbe:
         self.micro_ends.append((time.perf_counter(), False))
         self.beat()
 
+    def saw_output(self, out: Any) -> None:
+        """A forward of the trained model returned ``out``: its loss counts toward this step's mean
+        (the first LOSS_STEPS steps; averaged over the ranks, the step's whole global batch, the
+        same samples whichever way they are split among micro-batches and ranks)."""
+        if len(self.losses) < LOSS_STEPS and (loss := loss_of(out)) is not None:
+            self._step_losses.append(loss)
+
     def _sync(self) -> None:
         if self.memory is not None and self.memory.kind == "cuda":
             self.torch.cuda.synchronize()  # time finished work, not queued kernels
@@ -205,6 +230,9 @@ class StepProbe:
         """Called after every optimizer step (gradient-accumulation boundary)."""
         self._sync()
         now = time.perf_counter()
+        if self._step_losses:
+            self.losses.append(sum(self._step_losses) / len(self._step_losses))
+            self._step_losses = []
         self.times.append(now)
         self.faults.append(minor_faults())
         self.micro_ends.append((now, True))
@@ -470,12 +498,8 @@ class StepProbe:
         wrong = {k: (v, got[k]) for k, v in expect.items() if k in got and got[k] != v}
         if wrong:
             detail = ", ".join(f"{k} {g} instead of {e}" for k, (e, g) in wrong.items())
-            self.finish(
-                "crashed",
-                f"the script did not use the trial's ds_config ({detail}); pass the "
-                "--deepspeed_config value through to deepspeed.initialize",
-                code=4,
-            )
+            hint = getattr(engine, "config_hint", "pass the --deepspeed_config value through to deepspeed.initialize")
+            self.finish("crashed", f"the script did not use the trial's config ({detail}); {hint}", code=4)
         if self.observed_batch is not None and self.observed_batch != got["micro_batch"]:
             self.batch_note = (
                 f"the first forward saw batch {self.observed_batch}, not the micro-batch "
@@ -529,6 +553,7 @@ class StepProbe:
             "peak_allocated": self.memory.peak_allocated() if self.memory else None,
             "num_params": num_params,
             "elapsed": time.perf_counter() - self.start,
+            "losses": self.losses,
         }
 
     def write(self, state: str, reason: str, code: int = 0) -> None:
@@ -579,7 +604,9 @@ def install(probe: StepProbe) -> None:
         if probe.finished is not None:  # a script that caught the stop and trains on
             probe.stop()
         if not probe.before_forward(self, args, kwargs):
-            return orig_forward(self, *args, **kwargs)
+            out = orig_forward(self, *args, **kwargs)
+            probe.saw_output(out)
+            return out
         try:
             from deepspeed.profiling.flops_profiler import FlopsProfiler
 
@@ -590,6 +617,7 @@ def install(probe: StepProbe) -> None:
             return orig_forward(self, *args, **kwargs)
         try:
             out = orig_forward(self, *args, **kwargs)
+            probe.saw_output(out)
             probe.profiled(float(prof.get_total_flops()))
         finally:
             prof.end_profile()

@@ -10,6 +10,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from .. import accelerate_cpu
+from ._accelerate_cpu import install as install_accelerate_cpu
 from ._history import ProcessHistory
 from ._hooks import StepProbe, TrialStop, install
 
@@ -45,7 +47,16 @@ def run_measured(
     redirect(Path(spec["out_dir"]), f"rank{rank}")
     faulthandler.enable()  # a segfault leaves its signal and Python stack in rank<N>.stderr
     probe = StepProbe(spec, rank, warm=warm, history=history)
-    install(probe)
+    if spec.get("accelerate") and accelerate_cpu.wanted():
+        install_accelerate_cpu()
+    if spec.get("engine") == "fsdp":
+        from ._fsdp import install_fsdp
+
+        if accelerate_cpu.wanted():
+            os.environ.update(accelerate_cpu.CPU_ENV)
+        install_fsdp(probe)
+    else:
+        install(probe)
     if spec.get("lightning_config"):
         from ._lightning import install_trial
 
@@ -77,13 +88,16 @@ def run_measured(
             "the script caught zerotune's stop (except BaseException) and ran on to its end; its result stands"
         )
     if probe.engine is None and not spec.get("lightning_config"):
+        what = (
+            "training a module that fully_shard wrapped (FSDP2), so there was no training to measure; "
+            "check that it trains through Accelerate or the Hugging Face Trainer with the FSDP config "
+            "it is given"
+            if spec.get("engine") == "fsdp"
+            else "calling deepspeed.initialize, so there was no training to measure; check that it trains "
+            "with the ds_config it is given (--deepspeed_config)"
+        )
         return probe, _failed(
-            probe,
-            "crashed",
-            "the script ended without calling deepspeed.initialize, so there "
-            "was no training to measure; check that it trains with the ds_config it is given "
-            "(--deepspeed_config) and does not stop before its training loop",
-            1,
+            probe, "crashed", f"the script ended without {what} and does not stop before its training loop", 1
         )
     # The script ended on its own before the estimate was stable: keep what was measured.
     probe.write("ok", "the script finished before the measurement was stable")

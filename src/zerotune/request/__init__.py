@@ -13,10 +13,32 @@ from ._config import (
     parse_stages,
     read_config_text,
 )
+from ._fsdp import (
+    FSDP_FILE,
+    FsdpSettings,
+    config_file,
+    ds_equivalent,
+    fsdp_config,
+    numerics,
+    numerics_line,
+    parse_engines,
+    parse_wrap,
+    precision_of,
+)
 from ._own import SEARCHABLE, parse_search
 from ._space import MICRO_BATCH, Dimension, Space, effective_value, invalid_reason, stage_dimensions, trial_config
 
 __all__ = [
+    "FSDP_FILE",
+    "FsdpSettings",
+    "config_file",
+    "ds_equivalent",
+    "fsdp_config",
+    "numerics",
+    "numerics_line",
+    "parse_engines",
+    "parse_wrap",
+    "precision_of",
     "SEARCHABLE",
     "parse_search",
     "AutotuningConfig",

@@ -32,9 +32,16 @@ __all__ = ["FolderBusyError", "FolderLock", "busy", "claim", "discard", "expand"
 MARK = "zerotune"
 """The key of tuning.json that makes its folder zerotune's (its value: the writer's version)."""
 LOCK = ".zerotune.lock"
-OUTPUTS = ("ds_config_optimal.json", "cmd_optimal.txt", "summary.txt", "results.json", "sbatch_optimal.sh")
-"""The output files a tuning writes at the results folder's top (``sbatch_optimal.sh`` under
-Slurm only); a target's own (its
+OUTPUTS = (
+    "ds_config_optimal.json",
+    "fsdp_config_optimal.json",
+    "cmd_optimal.txt",
+    "summary.txt",
+    "results.json",
+    "sbatch_optimal.sh",
+)
+"""The output files a tuning writes at the results folder's top (one of the two configs, of the
+engine chosen; ``sbatch_optimal.sh`` under Slurm only); a target's own (its
 Target.output_files) are listed in the record under ``target_outputs``."""
 NOT_TRIALS = frozenset({SESSION, "run_probe.json", "report", "report.html", *OUTPUTS})
 """Fixed names at the results folder's top that are not trial folders (zerotune's other folders

@@ -112,6 +112,14 @@ class TuningRecord:
         """The trial this tuning launched that finished last (what ran just before the next)."""
         self.best_name: str | None = None
         """The trial leading so far (see :meth:`lead`)."""
+        self.unranked: dict[str, str] = {}
+        """Engines whose trials are not ranked against the others, and why (they train other
+        numbers: see zerotune.tuning's engine comparison)."""
+
+    @property
+    def ranked(self) -> list[TrialResult]:
+        """The trials the choice is made among: those of an engine that is not :attr:`unranked`."""
+        return [t for t in self.trials if t.spec.engine not in self.unranked]
 
     # -- events --------------------------------------------------------------------------------
     def emit(

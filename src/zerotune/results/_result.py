@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ZerotuneError
+from ..request import config_file
 from ..trials import (
     MAXIMIZE,
     MEASURE_DEFAULTS,
@@ -61,6 +62,9 @@ class TuningResult:
     own: OwnConfig | None = None
     """The user's own configuration against the choice: its figure, the speed-up over it and
     when the tuning pays back (None where the config names none)."""
+    engines: list[str] = field(default_factory=list)
+    """Per engine of a tuning across engines: its best configuration, figure, peak memory and
+    dtypes, and why it lost or was not ranked (empty for one engine)."""
 
     def state_line(self) -> str | None:
         """What a reader of an unfinished tuning is told instead of its choice."""
@@ -77,7 +81,7 @@ class TuningResult:
 
     def outputs(self) -> list[str]:
         """The output files of the folder that exist (an interrupted tuning has none)."""
-        names = ("summary.txt", "ds_config_optimal.json", "cmd_optimal.txt")
+        names = ("summary.txt", "ds_config_optimal.json", "fsdp_config_optimal.json", "cmd_optimal.txt")
         return [n for n in names if (Path(self.results_dir) / n).is_file()]
 
     def figure(self, trial: TrialResult) -> TrialResult:
@@ -164,15 +168,17 @@ class TuningResult:
         return lines
 
     def summary_rows(self) -> list[dict[str, Any]]:
-        """Per stage: trials, best metric with its spread, best trial."""
+        """Per stage (per engine and stage, "ZeRO-2" or "FSDP2 keep", where FSDP2 ran too):
+        trials, best metric with its spread, best trial."""
         rows = []
-        for stage in sorted({t.spec.stage for t in self.trials}):
-            trials = [t for t in self.trials if t.spec.stage == stage]
+        both = any(t.spec.engine != "deepspeed" for t in self.trials)
+        for engine, stage in sorted({(t.spec.engine, t.spec.stage) for t in self.trials}):
+            trials = [t for t in self.trials if (t.spec.engine, t.spec.stage) == (engine, stage)]
             choice = choose_best(trials, self.metric, self.tie_margin)
             states = {s: sum(t.state is s for t in trials) for s in TrialState}
             rows.append(
                 {
-                    "stage": stage,
+                    "stage": trials[0].spec.setting if both else stage,
                     "trials": len(trials),
                     "ok": states[TrialState.OK],
                     "oom": states[TrialState.OOM],
@@ -261,9 +267,10 @@ def load_results(results_dir: str | Path) -> TuningResult:
             best_config = saved
         else:
             try:
-                best_config = json.loads((root / choice.best.name / "ds_config.json").read_text(encoding="utf-8"))
+                file = config_file(choice.best.spec)
+                best_config = json.loads((root / choice.best.name / file).read_text(encoding="utf-8"))
             except (OSError, ValueError):
-                damaged.append(f"trial {choice.best.name}: its ds_config.json is missing or damaged")
+                damaged.append(f"trial {choice.best.name}: its {file} is missing or damaged")
             if not isinstance(best_config, dict):
                 best_config = None
     notes = (

@@ -12,7 +12,7 @@ import math
 from collections.abc import Generator
 
 from ..models import MemoryModel, Z
-from ..trials import MEASURE_DEFAULTS, TrialResult, TrialSpec, TrialState, choose_best, clearly_worse
+from ..trials import FSDP_STAGES, MEASURE_DEFAULTS, TrialResult, TrialSpec, TrialState, choose_best, clearly_worse
 from ..units import format_size
 from ._base import Searcher, Suggestion
 
@@ -48,11 +48,13 @@ class MicroBatchSearch(Searcher):
         tie_margin: float = MEASURE_DEFAULTS.tie_margin,
         prune: dict[int, str] | None = None,
         overrides: dict[int, tuple] | None = None,
+        engine: str = "deepspeed",
     ):
         """``overrides``: per stage, ds_config overrides every trial of that stage carries
-        (offload settings, for example). ``tie_margin``: how much speed memory headroom may cost
+        (offload settings, for example). ``engine``: what the trials train with (``fsdp``: its
+        stages are FSDP2's, see FSDP_STAGES). ``tie_margin``: how much speed memory headroom may cost
         where a stage's best is chosen (see choose_best)."""
-        self.tie_margin = tie_margin
+        self.tie_margin, self.engine = tie_margin, engine
         assert candidates, "candidates must be validated by the caller"
         self.stages, self.candidates = stages, sorted(candidates)
         self.global_batch, self.dp, self.default_gas = global_batch, dp, grad_accum
@@ -188,7 +190,9 @@ class MicroBatchSearch(Searcher):
     # -- plan ----------------------------------------------------------------------------------
     def spec(self, stage: int, mb: int) -> TrialSpec:
         gas = self.global_batch // (mb * self.dp) if self.global_batch else self.default_gas
-        return TrialSpec(stage=stage, micro_batch=mb, grad_accum=gas, overrides=self.overrides.get(stage, ()))
+        return TrialSpec(
+            stage=stage, micro_batch=mb, grad_accum=gas, overrides=self.overrides.get(stage, ()), engine=self.engine
+        )
 
     def _stage_plan(self, stage: int) -> Generator[Suggestion, TrialResult, int | None]:
         if stage in self.prune:
@@ -196,11 +200,11 @@ class MicroBatchSearch(Searcher):
             return None
         if (reason := self._dominated(stage)) is not None:
             yield Suggestion(self.spec(stage, self.candidates[-1]), reason)
-            self.notes.append(f"stage {stage}: not run; {reason}")
+            self.notes.append(f"{self._label(stage)}: not run; {reason}")
             return None
         if (reason := self._cannot_fit(stage)) is not None:
             yield Suggestion(self.spec(stage, self.candidates[0]), reason)
-            self.notes.append(f"stage {stage}: not run; {reason} at micro-batch {self.candidates[0]}")
+            self.notes.append(f"{self._label(stage)}: not run; {reason} at micro-batch {self.candidates[0]}")
             return None
         return (yield from self._largest_fit(stage))
 
@@ -216,9 +220,13 @@ class MicroBatchSearch(Searcher):
         if stage != 3 or self._largest.get(2) != self.candidates[-1]:
             return None
         return (
-            f"stage 2 fits the largest micro-batch ({self.candidates[-1]}), and stage 3 adds gathering the "
-            "parameters to the same work, so it cannot be faster"
+            f"{self._label(2)} fits the largest micro-batch ({self.candidates[-1]}), and {self._label(3)} adds "
+            "gathering the parameters to the same work, so it cannot be faster"
         )
+
+    def _label(self, stage: int) -> str:
+        """A stage in the notes' words: "stage 2", or FSDP2's "FSDP2 keep"."""
+        return f"stage {stage}" if self.engine == "deepspeed" else f"FSDP2 {FSDP_STAGES[stage]}"
 
     def _cannot_fit(self, stage: int) -> str | None:
         """Why a stage without trials cannot fit even its smallest micro-batch, or None: its
@@ -276,7 +284,7 @@ class MicroBatchSearch(Searcher):
                 failed = result
             else:
                 self.notes.append(
-                    f"stage {stage}: {result.name} {result.state.value} ({result.reason}); "
+                    f"{self._label(stage)}: {result.name} {result.state.value} ({result.reason}); "
                     "no further trials of this stage"
                 )
                 return ok_max
@@ -312,10 +320,10 @@ class MicroBatchSearch(Searcher):
             mb = target
         if ok_max is None and failed is not None and failed.state is TrialState.TIMEOUT:
             self.notes.append(
-                f"stage {stage}: no micro-batch in {self.candidates} finished in time ({failed.name}: {failed.reason})"
+                f"{self._label(stage)}: no micro-batch in {self.candidates} finished in time ({failed.name}: {failed.reason})"
             )
         elif ok_max is None:
-            self.notes.append(f"stage {stage}: no micro-batch in {self.candidates} fits the budget")
+            self.notes.append(f"{self._label(stage)}: no micro-batch in {self.candidates} fits the budget")
         return ok_max
 
     def _compare_micro_batches(self, largest: dict[int, int]) -> Plan:
@@ -327,7 +335,7 @@ class MicroBatchSearch(Searcher):
             best_all = choose_best(self.results, self.metric, self.tie_margin)
             if best_all and clearly_worse(self.metric, self._stage_best(stage), best_all.best, CANNOT_WIN_MARGIN):
                 self.notes.append(
-                    f"stage {stage}: skipped smaller micro-batches; its best "
+                    f"{self._label(stage)}: skipped smaller micro-batches; its best "
                     f"{self._stage_best(stage).name} measured over {CANNOT_WIN_MARGIN:.0%} "
                     f"behind {best_all.best.name}, beyond noise"
                 )
@@ -371,7 +379,7 @@ class MicroBatchSearch(Searcher):
         measured = {r.spec.micro_batch for r in self.results if r.spec.stage == stage}
         todo = best < largest and best not in measured
         self.notes.append(
-            f"stage {stage}: micro-batches below {largest} follow stage {twin}'s: at a fixed global batch the two "
+            f"{self._label(stage)}: micro-batches below {largest} follow stage {twin}'s: at a fixed global batch the two "
             "differ only at the optimizer step (stage 1 updates its partition of the optimizer states and gathers "
             f"the parameters), once per step at any micro-batch, so their micro-batches rank alike; stage {twin}'s "
             f"best is {best}" + ("; measured that one" if todo else "")

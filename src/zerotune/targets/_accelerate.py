@@ -24,13 +24,13 @@ import math
 import os
 import re
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from ..launch import ProgramLauncher
+from ._accelerate_files import WORK, AccelerateLauncher, write_yaml
+from ._accelerate_files import yaml_module as _yaml
 from ._base import Target
 from ._command import UserCommand, option_value
 
@@ -67,10 +67,8 @@ INLINE_KEYS = (
     "offload_param_nvme_path",
     "zero3_save_16bit_model",
 )
-WORK = "_accelerate"
 OPTIMAL_YAML = "accelerate_config_optimal.yaml"
 """The tuned config in Accelerate's form, beside ds_config_optimal.json (AccelerateTarget.output_files)."""
-"""zerotune's folder in the results folder: the launch config of the trials."""
 
 
 def is_accelerate_launch(command: list[str] | tuple[str, ...]) -> bool:
@@ -91,16 +89,6 @@ def _number(value: Any, key: str, path: Path, kind=int, limit: float = MAX_PROCE
         what = "whole number from 1" if kind is int else "number from 0"
         raise ConfigError(f"{path}: {key}: {value!r} is not a {what} to {limit:g}; fix the Accelerate config")
     return number
-
-
-def _yaml():
-    try:
-        import yaml
-    except ImportError:
-        raise ConfigError(
-            "reading an Accelerate config needs PyYAML; install zerotune's hf extra: pip install 'zerotune[hf]'"
-        ) from None
-    return yaml
 
 
 def default_config_file() -> Path:
@@ -236,32 +224,6 @@ def ds_config_of(path: Path, data: dict[str, Any], launch: AccelerateLaunch) -> 
     return config
 
 
-@dataclass(frozen=True)
-class AccelerateLauncher(ProgramLauncher):
-    """The ranks of a trial started by Accelerate's launcher (``accelerate launch``) instead of
-    DeepSpeed's: for programs whose users start them so, with their Accelerate config."""
-
-    options: tuple[str, ...]
-    """accelerate launch's options: its config file and the user's other options."""
-
-    def argv(self, num_gpus: int, port: int, devices: list[int] | None) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            *self.options,
-            "--num_processes",
-            str(num_gpus),
-            "--num_machines",
-            "1",
-            "--main_process_port",
-            str(port),
-            *(["--gpu_ids", ",".join(map(str, devices))] if devices else []),
-            "--module",
-            "zerotune.probe",
-        ]
-
-
 @dataclass
 class AccelerateTarget(Target):
     """A script started by ``accelerate launch`` with a DeepSpeed plugin."""
@@ -320,7 +282,7 @@ class AccelerateTarget(Target):
         return self.command.trial_args(None, mapped)  # the config reaches Accelerate through its own env
 
     def probe_fields(self, config: Path) -> dict[str, Any]:
-        return {"env": {"ACCELERATE_DEEPSPEED_CONFIG_FILE": str(config.resolve())}}
+        return {"accelerate": True, "env": {"ACCELERATE_DEEPSPEED_CONFIG_FILE": str(config.resolve())}}
 
     def launch_config(self, ds_config: Path, num_gpus: int) -> dict[str, Any]:
         """The user's Accelerate config naming ``ds_config``, for ``num_gpus`` processes per node:
@@ -332,10 +294,22 @@ class AccelerateTarget(Target):
         return data
 
     def write_launch_config(self, path: Path, ds_config: Path, num_gpus: int) -> Path:
-        from .._files import write_atomic
+        return write_yaml(path, self.launch_config(ds_config, num_gpus))
 
-        write_atomic(path, _yaml().safe_dump(self.launch_config(ds_config, num_gpus), sort_keys=False))
-        return path
+    @property
+    def fsdp(self):
+        from ._fsdp_forms import AccelerateFsdp
+
+        return AccelerateFsdp(self)
+
+    def fsdp_settings(self, ds_config: dict[str, Any], wrap: tuple[str, ...] = ()):
+        """The precision of the Accelerate config (``mixed_precision``), the same under either engine."""
+        from ..request import FsdpSettings
+
+        precision = str(self.accelerate_config.get("mixed_precision") or "no").lower()
+        if precision not in ("bf16", "fp16"):
+            return super().fsdp_settings(ds_config, wrap)
+        return FsdpSettings(wrap=wrap, mixed_precision=precision)
 
     def program_launcher(self, root: Path, ds_config: Path, num_gpus: int) -> AccelerateLauncher:
         """accelerate launch for the trials, with zerotune's launch config (in the results

@@ -16,7 +16,9 @@ from ._command import UserCommand
 
 if TYPE_CHECKING:
     from ..launch import Cluster, ProgramLauncher
+    from ..request import FsdpSettings
     from ..trials import TrialSpec
+    from ._fsdp_forms import FsdpForm
 
 
 class Target(abc.ABC):
@@ -114,6 +116,20 @@ class Target(abc.ABC):
         """What of the target a trial's measurement depends on besides its ds_config: a hash of
         its code, and its kind with its arguments."""
         return self.command.code_identity(), [type(self).__name__, *self.command.identity_args()]
+
+    @property
+    def fsdp(self) -> FsdpForm | None:
+        """How an FSDP2 trial of this program runs, and the command that trains with FSDP2 (the
+        same methods as this class's, for the other engine); None: the program trains with
+        DeepSpeed only (its engine is chosen in its code)."""
+        return None
+
+    def fsdp_settings(self, ds_config: dict[str, Any], wrap: tuple[str, ...] = ()) -> FsdpSettings:
+        """What an FSDP2 trial keeps of the user's setup: the mixed precision the program trains
+        in with DeepSpeed (``ds_config``'s), and the blocks to wrap (``wrap``: the user's)."""
+        from ..request import FsdpSettings, precision_of
+
+        return FsdpSettings(wrap=wrap, mixed_precision=precision_of(ds_config))
 
 
 @dataclass

@@ -51,6 +51,29 @@ class HfTrainerTarget(ScriptTarget):
         refuses a config that disagrees with its arguments.)"""
         return {**TRAINER_ARGS, **(given or {})}
 
+    def probe_fields(self, config):
+        """The Trainer runs on Accelerate, whose CPU processes need zerotune's lift (see
+        zerotune.accelerate_cpu)."""
+        return {"accelerate": True}
+
+    @property
+    def fsdp(self):
+        from ._fsdp_forms import HfTrainerFsdp
+
+        return HfTrainerFsdp(self.command)
+
+    def fsdp_settings(self, ds_config: dict, wrap: tuple[str, ...] = ()):
+        """The Trainer's precision is its ``--bf16``/``--fp16`` (its ds_config's "auto" follows
+        them), the same under either engine."""
+        from ..request import FsdpSettings
+
+        for flag in ("--bf16", "--fp16"):
+            value = self.command.option_value(flag)
+            bare = flag in self.command.args and (value is None or value.startswith("-"))
+            if bare or (value or "").lower() in ("true", "1", "yes"):
+                return FsdpSettings(wrap=wrap, mixed_precision=flag[2:])
+        return super().fsdp_settings(ds_config, wrap)
+
     def script_batch(self, mappings: dict[str, str]) -> dict[str, int]:
         """The mapped options' values in the command, or TrainingArguments' defaults for the
         Trainer's own options where the command does not give them."""

@@ -33,7 +33,7 @@ from ._step_stats import (
     t95_df,
     welch_df,
 )
-from ._trial import SHORT_KEYS, TO_BEAT_FILE, Measurement, TrialResult, TrialSpec, TrialState
+from ._trial import ENGINES, FSDP_STAGES, SHORT_KEYS, TO_BEAT_FILE, Measurement, TrialResult, TrialSpec, TrialState
 
 __all__ = [
     "Choice",
@@ -48,6 +48,8 @@ __all__ = [
     "Samples",
     "TrialResult",
     "TrialSpec",
+    "ENGINES",
+    "FSDP_STAGES",
     "TrialState",
     "UNITS",
     "better",

@@ -45,6 +45,8 @@ SHORT_KEYS = {
     "zero_optimization.stage3_max_live_parameters": "ml",
     "zero_optimization.stage3_max_reuse_distance": "mr",
     "zero_optimization.sub_group_size": "sg",
+    "fsdp.offload": "off",
+    "fsdp.sync_each_batch": "sync",
 }
 """Short names of override keys in trial names; None: implied by the others, not named."""
 
@@ -72,15 +74,35 @@ def _slug(text: str, limit: int = 24) -> str:
     return "-".join(_SAFE.findall(text))[:limit] or "x"
 
 
+ENGINES = ("deepspeed", "fsdp")
+"""The engines a trial trains with: DeepSpeed ZeRO, or PyTorch FSDP2 (``fully_shard``)."""
+FSDP_STAGES = {3: "reshard", 2: "keep"}
+"""An FSDP2 trial's ``stage``: 3 reshards the parameters after forward (each rank holds its shard
+between the passes, as ZeRO-3), 2 keeps them gathered until backward (as ZeRO-2 keeps whole
+parameters); both shard gradients and optimizer states. Its name says ``fsdp-reshard`` or
+``fsdp-keep``."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrialSpec:
-    """One configuration to measure: a ZeRO stage, a micro-batch and accumulation, and any
-    further ds_config overrides (dotted keys)."""
+    """One configuration to measure: an engine, its ZeRO stage (for FSDP2, see FSDP_STAGES), a
+    micro-batch and accumulation, and any further overrides (dotted ds_config keys, or
+    ``fsdp.*`` for an FSDP2 trial)."""
 
     stage: int
     micro_batch: int
     grad_accum: int = 1
     overrides: tuple[tuple[str, Any], ...] = ()
+    engine: str = "deepspeed"
+
+    def __post_init__(self) -> None:
+        assert self.engine in ENGINES, f"unknown engine {self.engine!r}"
+        assert self.engine != "fsdp" or self.stage in FSDP_STAGES, f"FSDP2 has no stage {self.stage}"
+
+    @property
+    def setting(self) -> str:
+        """The engine and stage in the summary's words: ``ZeRO-2``, ``FSDP2 reshard``."""
+        return f"ZeRO-{self.stage}" if self.engine == "deepspeed" else f"FSDP2 {FSDP_STAGES[self.stage]}"
 
     @property
     def name(self) -> str:
@@ -88,7 +110,8 @@ class TrialSpec:
         ``.+-=_`` (never a path separator, never hidden); where the readable part does not say
         the spec exactly (a user's key, a string value, a long name) a short hash of the whole
         spec follows, so that two specs never share a folder."""
-        parts = [f"z{self.stage}", f"mb{self.micro_batch}", f"gas{self.grad_accum}"]
+        head = f"z{self.stage}" if self.engine == "deepspeed" else f"fsdp-{FSDP_STAGES[self.stage]}"
+        parts = [head, f"mb{self.micro_batch}", f"gas{self.grad_accum}"]
         exact = True
         for key, value in self.overrides:
             short = SHORT_KEYS.get(key, "")
@@ -114,6 +137,7 @@ class TrialSpec:
             "micro_batch": self.micro_batch,
             "grad_accum": self.grad_accum,
             "overrides": [list(o) for o in self.overrides],
+            **({"engine": self.engine} if self.engine != "deepspeed" else {}),
         }
 
     @classmethod
@@ -122,7 +146,11 @@ class TrialSpec:
         if not isinstance(d, dict):
             raise ValueError("spec is not an object")
         stage, mb, gas = d.get("stage"), d.get("micro_batch"), d.get("grad_accum", 1)
+        engine = d.get("engine", "deepspeed")
+        if engine not in ENGINES:
+            raise ValueError(f"spec has an unknown engine {engine!r}")
         valid_stage = isinstance(stage, int) and not isinstance(stage, bool) and 0 <= stage <= 3
+        valid_stage = valid_stage and (engine != "fsdp" or stage in FSDP_STAGES)
         if not valid_stage or not _count(mb) or not _count(gas):
             raise ValueError(f"spec has no valid stage, micro_batch and grad_accum ({stage!r}, {mb!r}, {gas!r})")
         overrides = d.get("overrides", ())
@@ -130,7 +158,9 @@ class TrialSpec:
             isinstance(o, list) and len(o) == 2 and isinstance(o[0], str) for o in overrides
         ):
             raise ValueError("spec overrides are not [key, value] pairs")
-        return cls(stage=stage, micro_batch=mb, grad_accum=gas, overrides=tuple(tuple(o) for o in overrides))
+        return cls(
+            stage=stage, micro_batch=mb, grad_accum=gas, overrides=tuple(tuple(o) for o in overrides), engine=engine
+        )
 
 
 def _count(v: Any) -> bool:
@@ -283,6 +313,9 @@ class TrialResult:
     """Why the warm processes that ran it were ended after it ("" when they served on)."""
     predicted: float | None = None
     """Samples/s the throughput model predicted before it ran (or pruned it); None: no prediction."""
+    losses: list[float] = field(default_factory=list)
+    """The mean loss in each of the first optimizer steps over all ranks, where the probe reads it
+    (the model's forward returns it): the engines' agreement is read from these."""
 
     @property
     def warm(self) -> bool:
@@ -330,6 +363,7 @@ class TrialResult:
             "start": self.start,
             "retired": self.retired,
             "predicted": self.predicted,
+            "losses": self.losses,
         }
         m = self.measurement
         if m:
@@ -367,6 +401,11 @@ class TrialResult:
                 raise ValueError(f"{key} is not text")
         if not _number(d.get("wall_time", 0.0)):
             raise ValueError("wall_time is not a number of seconds")
+        losses = d.get("losses", [])
+        if not isinstance(losses, list) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in losses
+        ):
+            raise ValueError("losses is not a list of numbers")
         return cls(
             spec=TrialSpec.from_dict(d.get("spec")),
             state=TrialState(d.get("state")),
@@ -382,4 +421,5 @@ class TrialResult:
             start=d.get("start", ""),
             retired=d.get("retired", ""),
             predicted=d.get("predicted"),
+            losses=[float(v) for v in losses],
         )

@@ -126,7 +126,7 @@ class PhaseRun:
     def _to_beat(self) -> dict | None:
         """The best trial's figure, which a trial may stop measuring against once it clearly
         cannot beat it (TrialJob.to_beat); None without one."""
-        best = choose_best(self.trials, self.metric, self.margin)
+        best = choose_best(self.record.ranked, self.metric, self.margin)
         lead = figure_of(best.best, self.metric) if best is not None else None
         if lead is None or self.metric not in ("throughput", "latency") or not math.isfinite(lead.rel_se):
             return None  # a leader without an interval (one timed step) cannot show anything slower
@@ -154,7 +154,7 @@ class PhaseRun:
         self.record.add(result)
         self.model.observe(result)
         searcher.observe(result)
-        self.record.lead(choose_best(self.trials, self.metric, self.margin))
+        self.record.lead(choose_best(self.record.ranked, self.metric, self.margin))
         self._tell_running()
         if stopper is not None and stopper.observe(result):
             self.record.note(stopper.reason)
@@ -211,7 +211,7 @@ class PhaseRun:
         metric = self.metric
         if prediction is None or not self.model.verified or metric != "throughput" or spec == self.factory.own_spec:
             return ""
-        choice = choose_best(self.trials, metric, self.margin)
+        choice = choose_best(self.record.ranked, metric, self.margin)
         if choice is None:
             return ""
         best = choice.best

@@ -1,4 +1,5 @@
-"""Outputs of a tuning: summary.txt, results.json, ds_config_optimal.json, cmd_optimal.txt."""
+"""Outputs of a tuning: summary.txt, results.json, ds_config_optimal.json (or, where FSDP2 won,
+fsdp_config_optimal.json), cmd_optimal.txt."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def summary_text(result: TuningResult) -> str:
             lines.append(line)
     else:
         lines.append("best: none (no trial succeeded)")
+    lines += result.engines
     if result.own is not None:
         lines += result.own.lines()
     spent = f"{result.wall_time:.0f} s"
@@ -107,12 +109,16 @@ def write_outputs(result: TuningResult, target: Target, cluster: Cluster, mapped
             "trials": [t.to_dict() for t in result.trials],
             "notes": result.notes,
             "own": result.own.to_dict() if result.own is not None else None,
+            "engines": result.engines,
         },
     )
     if result.best_config is None:
         return  # the tuning's start removed an earlier choice: none stands beside "best: none"
-    optimal = write_optimal_config(result.best_config, root / "ds_config_optimal.json")
-    command = target.final_command(optimal, result.best_config, mapped, cluster)
+    form = target if result.best is None or result.best.spec.engine == "deepspeed" else target.fsdp
+    assert form is not None, "an FSDP2 trial ran, so the target has an FSDP2 form"
+    name = "ds_config_optimal.json" if form is target else form.optimal_file
+    optimal = write_optimal_config(result.best_config, root / name)
+    command = form.final_command(optimal, result.best_config, mapped, cluster)
     write_atomic(root / "cmd_optimal.txt", command)
     if (batch := cluster.batch_script(command)) is not None:
         write_atomic(root / "sbatch_optimal.sh", batch)

@@ -61,6 +61,23 @@ def offload_searcher(factory: TrialFactory, record: TuningRecord) -> Searcher | 
     )
 
 
+def fsdp_offload_searcher(factory: TrialFactory, record: TuningRecord) -> Searcher | None:
+    """FSDP2 with CPU offload (parameters, gradients and optimizer states: FSDP2 offloads all or
+    nothing), resharding after forward, where offload is searched: always (``offload`` True), or
+    only when nothing fit without it (None)."""
+    if "fsdp" not in factory.engines or factory.offload is False:
+        return None
+    trials = record.trials
+    if factory.offload is None and (
+        any(t.state is TrialState.OK for t in trials) or not any(t.state is TrialState.OOM for t in trials)
+    ):
+        return None
+    record.note(
+        ("nothing fit without offload: " if factory.offload is None else "") + "searching FSDP2 with CPU offload"
+    )
+    return factory.micro_batch_search("fsdp", overrides={3: (("fsdp.offload", True),)})
+
+
 def knob_searchers(factory: TrialFactory, record: TuningRecord) -> Iterator[tuple[Searcher, EarlyStopping]]:
     """Per stage that can still win, a search of its knobs around its best micro-batch
     (``fast: false``: DeepSpeed's default knobs plus the user's lists; ``fast: true``: the
@@ -69,7 +86,7 @@ def knob_searchers(factory: TrialFactory, record: TuningRecord) -> Iterator[tupl
     hidden = at.model_info.hidden_size if at.model_info else None
     groups: dict[tuple, list[TrialResult]] = {}
     for t in trials:
-        if t.state is TrialState.OK and not _knobbed(t.spec):
+        if t.state is TrialState.OK and not _knobbed(t.spec) and t.spec.engine == "deepspeed":
             groups.setdefault((t.spec.stage, t.spec.overrides), []).append(t)
     margin = factory.measure.tie_margin
     bests = {key: choose_best(results, at.metric, margin).best for key, results in groups.items()}
@@ -78,7 +95,7 @@ def knob_searchers(factory: TrialFactory, record: TuningRecord) -> Iterator[tupl
         dims = stage_dimensions(stage, factory.request.space_config, defaults=not at.fast, hidden_size=hidden)
         if not dims:
             continue
-        overall = choose_best(trials, at.metric, margin)
+        overall = choose_best(record.ranked, at.metric, margin)
         if clearly_worse(at.metric, bests[key], overall.best, CANNOT_WIN_MARGIN):
             record.note(
                 f"stage {stage}: knobs not searched; its best {bests[key].name} measured over "

@@ -11,7 +11,7 @@ from typing import Any
 from .._api_check import check_values, renamed
 from .._errors import ConfigError
 from ..launch import ClusterSettings
-from ..request import parse_search
+from ..request import parse_engines, parse_search, parse_wrap
 from ..search import Searcher
 from ..trials import MeasureSettings
 from ..units import parse_duration
@@ -36,11 +36,21 @@ class SearchSettings:
     stays as the user set it. Default: the autotuning section's meanings where the config has one,
     else the stage and the micro-batch at the user's global batch (and offload where it offloads)."""
 
+    engines: str | list[str] | None = None
+    """The engines to tune and choose across (``--engines deepspeed,fsdp``): "deepspeed" (ZeRO) and
+    "fsdp" (PyTorch FSDP2, for programs whose framework picks the engine: a Hugging Face Trainer or
+    an Accelerate script). Default: the engine the program is configured for."""
+    fsdp_wrap: str | list[str] | None = None
+    """Class names of the model's blocks that FSDP2 shards one by one (``--fsdp-wrap Block``);
+    default: the model's own ``_no_split_modules`` (Hugging Face models), else the whole model."""
+
     def __post_init__(self) -> None:
         check_values(type(self).__name__, type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
         if self.time_budget is not None:
             parse_duration(self.time_budget, what="time_budget (--time-budget)")
         parse_search(self.search)
+        parse_engines(self.engines)
+        parse_wrap(self.fsdp_wrap)
 
     @property
     def dimensions(self) -> frozenset[str] | None:

@@ -12,7 +12,15 @@ from .._errors import ConfigError
 from .._files import write_json
 from ..launch import Cluster, Slot, TrialJob
 from ..models import MemoryModel, MemorySetup
-from ..request import TuningRequest, invalid_reason, trial_config
+from ..request import (
+    FsdpSettings,
+    TuningRequest,
+    config_file,
+    ds_equivalent,
+    fsdp_config,
+    invalid_reason,
+    trial_config,
+)
 from ..results import Identity, ResultStore
 from ..search import MicroBatchSearch, Searcher
 from ..targets import Target, UserCommand
@@ -36,8 +44,13 @@ class TrialFactory:
         warm_trials: bool,
         offload: bool | None,
         user_config: dict[str, Any],
+        engines: tuple[str, ...] = ("deepspeed",),
+        fsdp: FsdpSettings | None = None,
     ):
+        """``engines``: what the trials train with (see SearchSettings.engines); ``fsdp``: what
+        FSDP2 trials keep of the user's setup."""
         self.request, self.target, self.cluster, self.command = request, target, cluster, command
+        self.engines, self.fsdp = engines, fsdp or FsdpSettings()
         self.measure, self.budget, self.arg_mappings = measure, budget, arg_mappings
         self.warm_trials, self.offload, self.user_config = warm_trials, offload, user_config
         self.dp = cluster.world // request.autotuning.mp_size
@@ -65,10 +78,17 @@ class TrialFactory:
 
     def default_searcher(self) -> Searcher:
         """The micro-batch search over the stages; a fresh one for each tune()."""
+        return self.micro_batch_search("deepspeed" if "deepspeed" in self.engines else "fsdp")
+
+    def micro_batch_search(self, engine: str, overrides: dict[int, tuple] | None = None) -> MicroBatchSearch:
+        """The micro-batch search of one engine: DeepSpeed over the config's stages, FSDP2 over
+        resharding and keeping the parameters (``overrides``: what every trial of a stage sets)."""
         at = self.request.autotuning
         gas = self.user_config.get("gradient_accumulation_steps")
+        fsdp = engine == "fsdp"
+        stages = sorted(overrides) if overrides else [2, 3] if fsdp else self.request.stages
         return MicroBatchSearch(
-            stages=self.request.stages,
+            stages=stages,
             candidates=self.candidates(),
             global_batch=self.request.global_batch,
             dp=self.dp,
@@ -77,23 +97,26 @@ class TrialFactory:
             metric=at.metric,
             tie_margin=self.measure.tie_margin,
             num_micro_batches=at.num_tuning_micro_batch_sizes,
-            memory=self.memory_model(),
-            prune={s: r for s in self.request.stages if (r := invalid_reason(s, self.request.base(s)))},
+            memory=self.memory_model(overrides, engine=engine),
+            prune={} if fsdp else {s: r for s in stages if (r := invalid_reason(s, self.request.base(s)))},
+            overrides=overrides,
+            engine=engine,
         )
 
     @property
     def mp(self) -> int:
         return self.request.autotuning.mp_size
 
-    def memory_model(self, overrides: dict[int, tuple] | None = None) -> MemoryModel:
+    def memory_model(self, overrides: dict[int, tuple] | None = None, *, engine: str = "deepspeed") -> MemoryModel:
         """The memory model for this config: its precision, ZeRO buckets and offload per stage
-        (``overrides``: per stage, what every trial of that stage sets, offload for example)."""
+        (``overrides``: per stage, what every trial of that stage sets, offload for example);
+        FSDP2's stages through the ZeRO stages whose memory they resemble (see ds_equivalent)."""
 
         def setup_for(stage: int, num_params: int) -> MemorySetup:
-            spec = TrialSpec(stage=stage, micro_batch=1, overrides=(overrides or {}).get(stage, ()))
-            return MemorySetup.from_config(
-                trial_config(self.request.base(stage), spec, self.dp), num_params=num_params, dp=self.dp, mp=self.mp
-            )
+            spec = TrialSpec(stage=stage, micro_batch=1, overrides=(overrides or {}).get(stage, ()), engine=engine)
+            cfg = self.config_for(spec)
+            cfg = ds_equivalent(cfg) if engine == "fsdp" else cfg
+            return MemorySetup.from_config(cfg, num_params=num_params, dp=self.dp, mp=self.mp)
 
         info = self.request.autotuning.model_info
         known = (info.num_params if info else None) or self.target.num_params
@@ -126,26 +149,35 @@ class TrialFactory:
         )
 
     def config_for(self, spec: TrialSpec) -> dict[str, Any]:
-        """The ds_config a trial of ``spec`` runs with."""
+        """The config a trial of ``spec`` runs with: a ds_config, or an FSDP2 config."""
+        if spec.engine == "fsdp":
+            return fsdp_config(spec, self.fsdp)
         return trial_config(self.request.base(spec.stage), spec, self.dp, script_fills=set(self.arg_mappings))
+
+    def form(self, spec: TrialSpec):
+        """What runs a trial of ``spec`` and trains with it: the target, or its FSDP2 form."""
+        form = self.target if spec.engine == "deepspeed" else self.target.fsdp
+        assert form is not None, f"{self.target.kind} has no FSDP2 form (checked when the engines were read)"
+        return form
 
     def final_config(self, spec: TrialSpec) -> dict[str, Any]:
         """The config to train with after choosing ``spec``, in the form the target accepts."""
-        return self.target.final_config(self.config_for(spec))
+        return self.form(spec).final_config(self.config_for(spec))
 
     def make_job(self, store: ResultStore, spec: TrialSpec, cfg: dict[str, Any]) -> TrialJob:
         """Write the trial's folder in ``store`` (its config, exp.json) and the job that runs it."""
         d = store.trial_dir(spec.name)
-        write_json(d / "ds_config.json", cfg)
-        config = (d / "ds_config.json").resolve()
+        write_json(d / config_file(spec), cfg)
+        config = (d / config_file(spec)).resolve()
         at = self.request.autotuning
+        form = self.form(spec)
         job = TrialJob(
             spec=spec,
             trial_dir=d,
             script=self.target.script,
-            script_args=self.target.trial_args(config, self.mapped_args(spec)),
-            probe_fields=self.target.probe_fields(config),
-            program_launcher=self.target.program_launcher(store.root, config, self.cluster.num_gpus),
+            script_args=form.trial_args(config, self.mapped_args(spec)),
+            probe_fields=form.probe_fields(config),
+            program_launcher=form.program_launcher(store.root, config, self.cluster.num_gpus),
             local_rank_arg=self.command.takes_local_rank(),
             num_gpus=self.cluster.num_gpus,
             budget=self.budget,
@@ -157,7 +189,7 @@ class TrialFactory:
             work_dir=store.root,
             **self.warm_plan(cfg),
         )
-        exp = {"name": spec.name, **spec.to_dict(), "ds_config": cfg}
+        exp = {"name": spec.name, **spec.to_dict(), ("fsdp_config" if spec.engine == "fsdp" else "ds_config"): cfg}
         write_json(d / "exp.json", exp)
         if "exps_dir" in at.model_fields_set:  # DeepSpeed's layout, when the user asked for it
             Path(at.exps_dir).mkdir(parents=True, exist_ok=True)
@@ -188,6 +220,10 @@ class TrialFactory:
             return {"warm": False, "cold_reason": "cold trials were asked for (--cold-trials, warm_trials: false)"}
         if self.cluster.multinode:
             return {"warm": False, "cold_reason": "warm trials run on one node only"}
+        if cfg.get("engine") == "fsdp":
+            # Accelerate keeps the distributed setup of a process's first Accelerator (DeepSpeed's or
+            # plain data parallelism) for the process.
+            return {"warm": False, "cold_reason": "FSDP2 trials run in processes of their own"}
         hpz = (cfg.get("zero_optimization") or {}).get("zero_hpz_partition_size", 1)
         if isinstance(hpz, (int, float)) and hpz > 1:
             # DeepSpeed keeps hpZ's process group for the process and asserts there is none on a

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .._api_check import checked
-from .._errors import NoFeasibleConfigError, ZerotuneError
+from .._errors import ConfigError, NoFeasibleConfigError, ZerotuneError
 from .._files import make_folder, write_json
 from ..launch import (
     Cluster,
@@ -20,7 +20,7 @@ from ..launch import (
     leftovers_line,
     trial_env,
 )
-from ..request import TuningRequest, load_ds_config, parse_request
+from ..request import TuningRequest, load_ds_config, parse_engines, parse_request, parse_wrap
 from ..results import (
     FolderLock,
     TuningEvent,
@@ -150,6 +150,13 @@ class Autotuner:
         self.launcher = launcher or self.cluster.make_launcher()
         self.slots = self.cluster.slots(machines.max_concurrent_trials)
         self.on_event = on_event or (lambda e: None)
+        engines = parse_engines(self.search.engines) or ("deepspeed",)
+        if "fsdp" in engines and self.target.fsdp is None:
+            raise ConfigError(
+                f"--engines fsdp: {self.target.kind} chooses its engine in its own code, so zerotune cannot "
+                "switch it to FSDP2; it switches Hugging Face Trainer and Accelerate scripts (tune this one "
+                "with --engines deepspeed)"
+            )
         self.trials = TrialFactory(
             request=self.request,
             target=self.target,
@@ -161,6 +168,8 @@ class Autotuner:
             offload=self.search.offload if self.search.offload is not None else self.request.offload,
             user_config=self.user_config,
             warm_trials=at.warm_trials if machines.warm_trials is None else machines.warm_trials,
+            engines=engines,
+            fsdp=self.target.fsdp_settings(self.user_config, parse_wrap(self.search.fsdp_wrap)),
         )
         """Makes each trial of the tuning (configs, jobs, candidates, the memory model)."""
         self.result: TuningResult | None = None
@@ -225,7 +234,7 @@ class Autotuner:
                 record.note("hosts left out of the pool: " + "; ".join(f"{n}: {why}" for n, why in dropped.items()))
             if line := run.model.table():
                 record.note(line)
-            if (choice := choose_best(record.trials, at.metric, self.measure.tie_margin)) is not None:
+            if (choice := choose_best(record.ranked, at.metric, self.measure.tie_margin)) is not None:
                 if self.time_budget and self.launcher.now() - start > self.time_budget:
                     record.note(
                         "the configurations within noise of the best were not measured again: the time budget is spent"
@@ -246,7 +255,7 @@ class Autotuner:
         training = self._training_cluster(record)
         wall = self.launcher.now() - start
         done = record.trials
-        choice = choose_best(done, at.metric, self.measure.tie_margin)
+        choice = choose_best(record.ranked, at.metric, self.measure.tie_margin)
         best = choice.best if choice else None
         if confirmation is not None and confirmation.best is not None:
             best = next(t for t in done if t.name == confirmation.best)
@@ -254,6 +263,16 @@ class Autotuner:
             [confirmation.note] if confirmation is not None else [choice.note] if choice and choice.note else []
         )
         best_config = trials.final_config(best.spec) if best else None
+        from ._engines import engine_lines
+
+        engines = engine_lines(
+            record,
+            trials,
+            at.metric,
+            self.measure.tie_margin,
+            best,
+            confirmation.confirmed if confirmation is not None else {},
+        )
         remeasured = confirmation.runs if confirmation is not None else []
         self.result = TuningResult(
             metric=at.metric,
@@ -268,6 +287,7 @@ class Autotuner:
             confirmed=confirmation.confirmed if confirmation is not None else {},
             tie_margin=self.measure.tie_margin,
             cost=(cost := tuning_cost(done, wall, remeasured=remeasured, earlier_time=record.earlier_time)),
+            engines=engines,
         )
         self.result.own = compare_with_own(
             done, best, trials.own_spec, self.result.confirmed, at.metric, max(cost.total_time, cost.trial_time)
@@ -313,14 +333,25 @@ class Autotuner:
 
     def _phases(self, searcher: Searcher, record: TuningRecord):
         """(searcher, stopping rule) in turn; each is built when the one before has finished."""
+        from . import _engines as engines
         from . import _phases as phases
 
-        if (own := self.trials.own_spec) is not None and self.search.searcher is None:
+        deepspeed = "deepspeed" in self.trials.engines
+        if (own := self.trials.own_spec) is not None and self.search.searcher is None and deepspeed:
             yield OwnConfigSearch(own), None  # measured first: what the choice is compared with
         yield searcher, None
         if self.search.searcher is not None:
             return
-        if (offload := phases.offload_searcher(self.trials, record)) is not None:
+        if deepspeed and "fsdp" in self.trials.engines:
+            if why := engines.numerics_differ(self.trials):
+                record.unranked["fsdp"] = f"it would train other numbers ({why})"
+                record.note(f"engines: FSDP2 not measured: {record.unranked['fsdp']}")
+            else:
+                yield self.trials.micro_batch_search("fsdp"), None
+                engines.check_losses(record, self.trials, self.request.autotuning.metric, self.measure.tie_margin)
+        if deepspeed and (offload := phases.offload_searcher(self.trials, record)) is not None:
+            yield offload, None
+        if "fsdp" not in record.unranked and (offload := phases.fsdp_offload_searcher(self.trials, record)):
             yield offload, None
         yield from phases.knob_searchers(self.trials, record)
 
