@@ -220,3 +220,34 @@ def test_a_program_that_picks_its_engine_in_code_refuses_fsdp_with_one_line(tmp_
     )  # fmt: skip
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "chooses its engine in its own code" in out.stderr and "--engines deepspeed" in out.stderr
+
+
+def test_the_lightning_strategy_names_why_it_tunes_deepspeed_only():
+    pytest.importorskip("lightning")
+    from zerotune.lightning import AutotuneDeepSpeedStrategy
+
+    with pytest.raises(ConfigError, match="configure_model"):
+        AutotuneDeepSpeedStrategy(engines="deepspeed,fsdp")
+    assert AutotuneDeepSpeedStrategy(engines=["deepspeed"]).tuning is not None
+
+
+def test_fsdp2_memory_counts_its_shards_and_the_unsharded_units():
+    from zerotune.models import MemorySetup, estimate
+
+    p, dp = 7_000_000_000, 8
+    common = dict(num_params=p, largest_layer=p // 32, dp=dp, precision="bf16", engine="fsdp")
+    keep = estimate(MemorySetup(stage=2, **common), 1)
+    reshard = estimate(MemorySetup(stage=3, **common), 1)
+    offload = estimate(MemorySetup(stage=3, offload_optimizer="cpu", offload_param="cpu", **common), 1)
+    # fp32 shards of parameters, gradients and Adam's two moments: 16 bytes a parameter over the ranks.
+    assert reshard.device["optimizer"] == 8 * p / dp and reshard.device["params"] == 2 * 2 * p / 32 + 4 * p / dp
+    assert keep.device["params"] == 2 * p + 4 * p / dp  # every unit gathered in bf16 between the passes
+    assert offload.host_total == 16 * p / dp and offload.device_total < reshard.device_total < keep.device_total
+    out = subprocess.run(
+        [sys.executable, "-m", "zerotune.cli", "estimate", "--params", "7B", "--num-gpus", "8", "--device-memory",
+         "80GiB", "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert {r["setting"] for r in rows} >= {"ZeRO-3", "FSDP2 keep", "FSDP2 reshard"}

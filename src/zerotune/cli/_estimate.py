@@ -19,6 +19,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from ..models import MemorySetup, estimate, largest_micro_batch
+from ..trials import FSDP_STAGES
 
 _COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
 VARIANTS = [
@@ -31,6 +32,9 @@ VARIANTS = [
     (3, "cpu", "none"),
     (3, "cpu", "cpu"),
 ]
+"""DeepSpeed's stages x offload (optimizer, parameters)."""
+FSDP_VARIANTS = [(2, "none", "none"), (3, "none", "none"), (3, "cpu", "cpu")]
+"""FSDP2 keeping and resharding the parameters, and resharding with every sharded state on the host."""
 MAX_PARAMS = 10**14  # beyond any model trained today: a typo, not a model
 
 
@@ -171,11 +175,13 @@ def table(
     candidates: list[int],
     processes_per_node: int,
 ) -> list[dict[str, Any]]:
-    """One row per stage x offload: device peak at the smallest micro-batch, host per node, and the
+    """One row per engine, stage and offload (DeepSpeed's ZeRO stages, FSDP2's settings): device peak at the smallest micro-batch, host per node, and the
     largest micro-batch that fits (None when none does, "?" when activations are unknown)."""
     rows = []
-    for stage, off_opt, off_param in VARIANTS:
+    variants = [("deepspeed", *v) for v in VARIANTS] + [("fsdp", *v) for v in FSDP_VARIANTS]
+    for engine, stage, off_opt, off_param in variants:
         setup = MemorySetup(
+            engine=engine,
             num_params=size.num_params,
             largest_layer=size.largest_layer,
             dp=dp,
@@ -190,6 +196,8 @@ def table(
         fits = largest_micro_batch(setup, device_memory, candidates)
         rows.append(
             {
+                "engine": engine,
+                "setting": f"ZeRO-{stage}" if engine == "deepspeed" else f"FSDP2 {FSDP_STAGES[stage]}",
                 "stage": stage,
                 "offload_optimizer": off_opt,
                 "offload_param": off_param,

@@ -89,7 +89,9 @@ def print_estimate(args) -> int:
         title=f"zerotune estimate: {size.num_params / 1e9:.3g}B parameters, {dp} devices "
         f"({args.num_nodes} node(s)), {args.precision}, {format_size(device_memory)} per device"
     )
-    for col in ("stage", "offload", "device (mb 1)", "host per node", "largest micro-batch"):
+    for col in ("stage", "offload"):
+        t.add_column(col, no_wrap=True)  # the names whole; the figures' columns fold their headers
+    for col in ("device (mb 1)", "host per node", "largest micro-batch"):
         t.add_column(col)
     for r in est.rows:
         off = (
@@ -99,8 +101,9 @@ def print_estimate(args) -> int:
             or "none"
         )
         fits = r["largest_micro_batch"]
+        off = "all states" if r["engine"] == "fsdp" and off != "none" else off
         t.add_row(
-            str(r["stage"]),
+            r["setting"],
             off,
             format_size(r["device_bytes"]),
             format_size(r["host_bytes_per_node"]),

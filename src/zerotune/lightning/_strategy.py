@@ -25,7 +25,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from .._api_check import checked
-from ..request import STAGES, parse_stages
+from .._errors import ConfigError
+from ..request import STAGES, parse_engines, parse_stages
 from ..targets import is_tuned_config
 from ._tuning import TuneFirstLauncher, Tuning
 
@@ -65,6 +66,10 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
         cache_dir: Where results are kept (default ``$ZEROTUNE_CACHE_DIR``, else
             ``~/.cache/zerotune/lightning``).
         retune: Tune again even when a result is cached.
+        engines: The engines to choose across, as the Python API's: ``("deepspeed",)`` only. FSDP2
+            under Lightning (``ModelParallelStrategy``) shards the model in the LightningModule's own
+            ``configure_model``, where zerotune cannot switch it from outside; a Hugging Face
+            Trainer or Accelerate script is tuned across both engines.
         **kwargs: DeepSpeedStrategy's keyword arguments (``config``, ``stage``, ``offload_optimizer``, ...).
     """
 
@@ -93,8 +98,15 @@ class AutotuneDeepSpeedStrategy(DeepSpeedStrategy):
         tie_margin: float | None = None,
         cache_dir: str | Path | None = None,
         retune: bool = False,
+        engines: str | Sequence[str] = ("deepspeed",),
         **kwargs: Any,
     ):
+        if parse_engines(engines) != ("deepspeed",):
+            raise ConfigError(
+                "deepspeed_autotune(engines=...): Lightning's FSDP2 (ModelParallelStrategy) shards the model in "
+                "the LightningModule's configure_model, which zerotune cannot switch from outside; tune it with "
+                "engines=('deepspeed',), or tune a Hugging Face Trainer or Accelerate script across both engines"
+            )
         user_config = kwargs.get("config") is not None or (self.DEEPSPEED_ENV_VAR in os.environ)
         super().__init__(*args, **kwargs)
         if stages is None and "stage" in kwargs and not user_config:

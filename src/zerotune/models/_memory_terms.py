@@ -44,6 +44,9 @@ class MemorySetup:
     """Activation bytes per sample of the micro-batch (calibrated from trials)."""
     overhead: float = 0.0
     """Fixed runtime memory: CUDA context and allocator, or the process itself on CPU."""
+    engine: str = "deepspeed"
+    """"fsdp": PyTorch FSDP2, its ``stage`` 3 resharding the parameters after forward, 2 keeping
+    them (see zerotune.trials' FSDP_STAGES); its offload moves every sharded state to the host."""
 
     def __post_init__(self):
         if self.num_params < 1:
@@ -52,7 +55,7 @@ class MemorySetup:
             raise ValueError(f"ZeRO stage must be 0-3, not {self.stage}")
         if self.precision not in MIXED | {"fp32"}:
             raise ValueError(f"precision must be fp32, fp16 or bf16, not {self.precision!r}")
-        if self.offload_param != "none" and self.stage < 3:
+        if self.offload_param != "none" and self.stage < 3 and self.engine == "deepspeed":
             raise ValueError("offload_param needs ZeRO stage 3")
         if self.offload_optimizer != "none" and self.stage < 1:
             raise ValueError("offload_optimizer needs ZeRO stage 1 or higher")
@@ -79,11 +82,12 @@ class MemorySetup:
             stage=stage,
             precision=next((k for k in ("bf16", "fp16") if (config.get(k) or {}).get("enabled")), "fp32"),
             offload_optimizer=device("offload_optimizer") if stage >= 1 else "none",
-            offload_param=device("offload_param") if stage == 3 else "none",
+            offload_param=device("offload_param") if stage == 3 or config.get("engine") == "fsdp" else "none",
             reduce_bucket_size=number("reduce_bucket_size", 5e8),
             allgather_bucket_size=number("allgather_bucket_size", 5e8),
             overlap_comm=bool(zero.get("overlap_comm", stage == 3)),
             prefetch_bucket_size=number("stage3_prefetch_bucket_size", 5e7),
+            engine=str(config.get("engine", "deepspeed")),
         )
 
     @property
@@ -112,8 +116,34 @@ class Breakdown:
         return sum(self.host.values())
 
 
+def estimate_fsdp(s: MemorySetup, micro_batch: int) -> Breakdown:
+    """Peak memory of one FSDP2 rank at ``micro_batch``: its shards of the fp32 parameters,
+    gradients and optimizer states (Accelerate keeps fp32 shards under mixed precision; on the
+    host with offload), and the unsharded parameters in the compute dtype: one unit gathered and
+    the next prefetched where they are resharded after forward, every unit where they are kept
+    until backward; and one unit's unsharded gradients before their reduce-scatter."""
+    p, w, dp = s.num_params / s.mp, s.weight_bytes, s.dp
+    layer = min(p, s.largest_layer if s.largest_layer else p / 10)
+    shards = {"params": 4 * p / dp, "gradients": 4 * p / dp, "optimizer": s.optimizer_bytes * p / dp}
+    offload = s.offload_param != "none" or s.offload_optimizer != "none"
+    gathered = 2 * w * layer if s.stage == 3 else w * p
+    out = Breakdown()
+    out.device = {
+        "params": gathered + (0.0 if offload else shards["params"]),
+        "gradients": w * layer + (0.0 if offload else shards["gradients"]),
+        "optimizer": 0.0 if offload else shards["optimizer"],
+        "buffers": 0.0,
+        "activations": s.activation_per_sample * micro_batch,
+        "overhead": s.overhead,
+    }
+    out.host = dict(shards) if offload else {"optimizer": 0.0, "params": 0.0}
+    return out
+
+
 def estimate(s: MemorySetup, micro_batch: int) -> Breakdown:
     """Peak memory of one rank at ``micro_batch``."""
+    if s.engine == "fsdp":
+        return estimate_fsdp(s, micro_batch)
     p = s.num_params / s.mp
     w, dp = s.weight_bytes, s.dp
     layer = min(p, s.largest_layer if s.largest_layer else p / 10)

@@ -125,13 +125,15 @@ def parse_wrap(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ..
 
 
 def ds_equivalent(config: dict[str, Any]) -> dict[str, Any]:
-    """The ds_config whose per-rank memory an FSDP2 config's resembles, for the memory model:
-    resharding shards the parameters between the passes as ZeRO-3 does, keeping them holds them
-    whole through the passes as ZeRO-2 does; gradients and optimizer states are sharded in both,
-    the optimizer's in fp32 (Accelerate keeps fp32 shards under mixed precision, as DeepSpeed
-    keeps fp32 master weights); CPU offload moves parameters and optimizer states together."""
+    """An FSDP2 config in the ds_config form the memory model reads (MemorySetup.from_config):
+    ``engine`` "fsdp", its stage (3: resharding, 2: keeping the parameters), CPU offload of every
+    sharded state, and the precision."""
     zero: dict[str, Any] = {"stage": 3 if config.get("reshard_after_forward", True) else 2}
     if config.get("cpu_offload"):
         zero.update(offload_optimizer={"device": "cpu"}, offload_param={"device": "cpu"})
     precision = str(config.get("mixed_precision", "no"))
-    return {"zero_optimization": zero, **({precision: {"enabled": True}} if precision in ("bf16", "fp16") else {})}
+    return {
+        "engine": "fsdp",
+        "zero_optimization": zero,
+        **({precision: {"enabled": True}} if precision in ("bf16", "fp16") else {}),
+    }
