@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# zerotune's GPU code paths on a real GPU, in one short run (about 5 minutes on one H200):
+# zerotune's GPU code paths on a real GPU, in one short run (about 7 minutes on one H200):
 #   1. the bundled example tuned on the GPU (CUDA memory stats per trial, warm trials with
 #      reset_peak_memory_stats and the device-memory leak check, DeepSpeed's FusedAdam);
 #   2. a real CUDA out-of-memory error: the trial must end "oom", not "crashed";
@@ -8,7 +8,9 @@
 #      each teardown back at its level);
 #   4. the memory budget on the GPU (--memory-per-device): peaks above it end "oom", and the
 #      memory model prunes what it predicts will not fit;
-#   5. nothing left behind: no trial process of the tunings above alive (each rank runs under
+#   5. FSDP2 beside DeepSpeed: the Trainer example tuned across both engines (CUDA memory of
+#      FSDP2 trials, the engines' dtypes and losses compared), where transformers is installed;
+#   6. nothing left behind: no trial process of the tunings above alive (each rank runs under
 #      its waiter, forked before CUDA starts), every results folder marked as zerotune's.
 #
 #   bash bench/gpu_check.sh [OUT]      # OUT: where the logs and results.tgz go (default bench/results/gpu)
@@ -106,7 +108,17 @@ tail -n 20 "$out/warm_vs_cold.log"
 step "4. the memory budget on the GPU (--memory-per-device 600MB)"
 tune budget 90 --memory-per-device 600MB examples/gpt.py --deepspeed_config examples/ds_config.json
 
-step "5. nothing left behind: trial processes alive (0 expected), results folders zerotune's"
+step "5. FSDP2 beside DeepSpeed on the GPU (the Trainer example, --engines deepspeed,fsdp), where transformers imports"
+if "$py" -c "import transformers, accelerate" 2>/dev/null; then
+    tune engines 150 --engines deepspeed,fsdp examples/hf_trainer.py --deepspeed examples/ds_config_hf_trainer.json \
+        --output_dir "$work/hf_out" --per_device_train_batch_size 8 --gradient_accumulation_steps 2 --max_steps 60 \
+        --report_to none --save_strategy no --n_layer 2 --n_embd 128
+    grep -E "^engine |engines:" "$work/engines/summary.txt"
+else
+    echo "skipped: transformers and accelerate are not importable here"
+fi
+
+step "6. nothing left behind: trial processes alive (0 expected), results folders zerotune's"
 "$py" - "$work" <<'EOF'
 import json, os, sys
 from pathlib import Path
@@ -120,7 +132,7 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
     if f"ZEROTUNE_RESULTS={work}" in env:
         alive.append(pid)
 print("trial processes alive:", len(alive), alive[:5])
-for run in ("tune", "oom", "budget"):
+for run in ("tune", "oom", "budget", "engines"):
     try:
         record = json.loads((Path(work) / run / "tuning.json").read_text())
     except (OSError, ValueError) as e:

@@ -62,6 +62,13 @@ BENCHES = {
         "the Lightning strategy against Lightning's own DeepSpeed strategy, and the tuned config's speed-up",
         ["overhead_ratio", "tuned_speedup"],
     ),
+    "engines": (
+        "`bench/engines.py`",
+        "DeepSpeed ZeRO against PyTorch FSDP2 on the bundled 12.7M GPT through the Accelerate example, 2 processes: "
+        "`zerotune tune --engines deepspeed,fsdp`, then each engine's best re-measured side by side in alternating "
+        "order (median of 4); the first steps' loss gap the tuning read",
+        ["fsdp_over_deepspeed", "deepspeed", "fsdp", "loss_gap", "tuning_seconds", "trials"],
+    ),
     "cluster_sim": (
         "`bench/cluster_sim.py`",
         "simulation: zerotune's real search, scheduler and confirmation on a simulated cluster of 8 to 1,024 H100s "

@@ -12,6 +12,9 @@ its Accelerate config pointing at the chosen ds_config:
 
     accelerate launch --config_file autotuning_results/accelerate_config_optimal.yaml \
         examples/accelerate_train.py --per_device_train_batch_size 16 --gradient_accumulation_steps 1
+
+With ``--engines deepspeed,fsdp --fsdp-wrap Block`` after ``zerotune tune``, trials run PyTorch
+FSDP2 too (each ``Block`` a unit), and the Accelerate config written is the winner's.
 """
 
 import argparse

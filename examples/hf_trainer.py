@@ -19,7 +19,9 @@ has the whole command):
         --output_dir hf_out --per_device_train_batch_size 16 --gradient_accumulation_steps 1 \
         --max_steps 200 --report_to none --save_strategy no
 
-On a machine without GPUs prefix either with ``DS_ACCELERATOR=cpu``.
+On a machine without GPUs prefix either with ``DS_ACCELERATOR=cpu``. With ``--engines
+deepspeed,fsdp`` after ``zerotune tune``, trials run PyTorch FSDP2 too (``--fsdp --fsdp_config``
+in place of ``--deepspeed``), and the choice is made across both engines.
 """
 
 from dataclasses import dataclass, field

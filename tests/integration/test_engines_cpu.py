@@ -18,25 +18,29 @@ ENV = {**os.environ, "DS_ACCELERATOR": "cpu"}
 MODEL = ["--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--vocab_size", "512", "--seq_len", "64"]
 
 
-def tune(args: list[str], tmp_path, res, *, cwd=None):
-    cmd = [sys.executable, "-m", "zerotune.cli", "tune", "--results-dir", str(res), "--precision", "0.1", *args]
+def tune(args: list[str], tmp_path, res, *, cwd=None, verb="tune"):
+    cmd = [sys.executable, "-m", "zerotune.cli", verb, "--results-dir", str(res), "--precision", "0.1", *args]
     out = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900, cwd=cwd or tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return json.loads((res / "results.json").read_text()), (res / "summary.txt").read_text()
+    return json.loads((res / "results.json").read_text()), (res / "summary.txt").read_text(), out.stdout
 
 
-def test_trainer_script_tuned_across_deepspeed_and_fsdp2(tmp_path):
+def trainer_setup(tmp_path) -> list[str]:
+    """The Trainer example at one micro-batch (4) and stage 1: its arguments after the script."""
     config = json.loads((ROOT / "examples" / "ds_config_hf_trainer.json").read_text())
     config["autotuning"].update(min_train_micro_batch_size_per_gpu=4, max_train_micro_batch_size_per_gpu=4)
     config["zero_optimization"]["stage"] = 1
     (tmp_path / "ds.json").write_text(json.dumps(config))
-    train = ["--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "4",
-             "--gradient_accumulation_steps", "2", "--max_steps", "30", "--save_strategy", "no",
-             "--report_to", "none", "--disable_tqdm", "true", *MODEL]  # fmt: skip
+    return ["--deepspeed", "ds.json", "--output_dir", str(tmp_path / "out"), "--per_device_train_batch_size", "4",
+            "--gradient_accumulation_steps", "2", "--max_steps", "30", "--save_strategy", "no",
+            "--report_to", "none", "--disable_tqdm", "true", *MODEL]  # fmt: skip
+
+
+def test_trainer_script_tuned_across_deepspeed_and_fsdp2(tmp_path):
+    train = trainer_setup(tmp_path)
     res = tmp_path / "results"
-    results, summary = tune(
-        ["--num-gpus", "2", "--engines", "deepspeed,fsdp", str(ROOT / "examples" / "hf_trainer.py"),
-         "--deepspeed", "ds.json", *train],
+    results, summary, _ = tune(
+        ["--num-gpus", "2", "--engines", "deepspeed,fsdp", str(ROOT / "examples" / "hf_trainer.py"), *train],
         tmp_path, res,
     )  # fmt: skip
     ok = {t["name"]: t for t in results["trials"] if t["state"] == "ok"}
@@ -59,7 +63,7 @@ def test_accelerate_script_tuned_to_fsdp2_and_its_command_trains(tmp_path):
     res = tmp_path / "results"
     script = [str(ROOT / "examples" / "accelerate_train.py"), "--model", "tiny", "--per_device_train_batch_size", "4",
               "--gradient_accumulation_steps", "2", "--max_train_steps", "30"]  # fmt: skip
-    results, summary = tune(
+    results, summary, _ = tune(
         ["--engines", "fsdp", "--fsdp-wrap", "Block", "accelerate", "launch", "--config_file", "acc.yaml", *script],
         tmp_path,
         res,
@@ -77,3 +81,15 @@ def test_accelerate_script_tuned_to_fsdp2_and_its_command_trains(tmp_path):
     again = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=ENV, timeout=600, cwd=tmp_path)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "steps=30 engine=FSDP" in again.stdout  # trained with FSDP2, as written
+
+
+def test_zerotune_run_trains_a_trainer_script_with_fsdp2(tmp_path):
+    res = tmp_path / "results"
+    results, _, printed = tune(
+        ["--num-gpus", "2", "--engines", "fsdp", str(ROOT / "examples" / "hf_trainer.py"), *trainer_setup(tmp_path)],
+        tmp_path,
+        res,
+        verb="run",
+    )
+    assert results["best"].startswith("fsdp-")
+    assert "steps=30 zero_stage=None" in printed  # the Trainer trained to its end, without DeepSpeed

@@ -20,7 +20,7 @@ from ..launch import (
     leftovers_line,
     trial_env,
 )
-from ..request import TuningRequest, load_ds_config, parse_engines, parse_request, parse_wrap
+from ..request import TuningRequest, config_file, load_ds_config, parse_engines, parse_request, parse_wrap
 from ..results import (
     FolderLock,
     TuningEvent,
@@ -387,23 +387,29 @@ class Autotuner:
 
         result = self.result or self.tune()
         assert result.best is not None and result.best_config is not None
-        config = self.results_dir / "ds_config_optimal.json"
+        spec, form = result.best.spec, self.trials.form(result.best.spec)
+        # DeepSpeed's in the target's form; FSDP2's as its trial ran it (the forms read that one).
+        config = (
+            self.results_dir / "ds_config_optimal.json"
+            if spec.engine == "deepspeed"
+            else self.results_dir / result.best.name / config_file(spec)
+        )
         spec_path = self.results_dir / "run_probe.json"
         write_json(
             spec_path,
             {
                 "mode": "run",
                 "script": self.target.script,
-                "args": self.target.trial_args(config, self.trials.mapped_args(result.best.spec)),
+                "args": form.trial_args(config, self.trials.mapped_args(spec)),
                 "local_rank_arg": self.command.takes_local_rank(),
-                **self.target.probe_fields(config),
+                **form.probe_fields(config),
             },
         )
         code = self.launcher.run_program(
             spec_path,
             self.num_gpus,
             extra_env or {},
-            self.target.program_launcher(self.results_dir, config, self.num_gpus),
+            form.program_launcher(self.results_dir, config, self.num_gpus),
         )
         sys.stdout.flush()
         return code
