@@ -134,7 +134,7 @@ def deepspeed_yaml(processes, plugin):
     [
         (
             lambda p: (p / "acc.yaml").write_text("distributed_type: MULTI_GPU\nnum_processes: 2\n"),
-            "does not use DeepSpeed",
+            "uses neither DeepSpeed nor FSDP",
         ),
         (lambda p: (p / "acc.yaml").write_text("a: [1\n"), "not valid YAML"),
         (lambda p: (p / "acc.yaml").write_text("- 1\n"), "must be a mapping"),

@@ -251,3 +251,64 @@ def test_fsdp2_memory_counts_its_shards_and_the_unsharded_units():
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
     assert {r["setting"] for r in rows} >= {"ZeRO-3", "FSDP2 keep", "FSDP2 reshard"}
+
+
+def test_a_trainer_command_configured_for_fsdp_is_tuned_with_fsdp2_and_deepspeed_on_request(
+    tmp_path, trainer_script, gpu_node
+):
+    own = tmp_path / "fsdp.json"
+    own.write_text(
+        json.dumps({"version": 2, "reshard_after_forward": True, "transformer_layer_cls_to_wrap": ["GPT2Block"]})
+    )
+    cmd = [str(trainer_script), "--fsdp", "full_shard auto_wrap", "--fsdp_config", str(own), "--output_dir", "out",
+           "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2", "--bf16"]  # fmt: skip
+    launcher = FakeLauncher()
+    tuner = Autotuner(cmd, num_gpus=2, memory_per_device="8GiB", results_dir=tmp_path / "r", launcher=launcher,
+                      node=gpu_node)  # fmt: skip
+    tuner.tune()
+    assert launcher.jobs and {j.spec.engine for j in launcher.jobs} == {"fsdp"}  # the engine it is configured for
+    args = launcher.jobs[0].script_args
+    assert str(own) not in args and "full_shard auto_wrap" not in args and args.count("--fsdp") == 1
+    config = json.loads(open(args[-1]).read())
+    assert config["transformer_layer_cls_to_wrap"] == ["GPT2Block"] and config["mixed_precision"] == "bf16"
+
+    launcher = FakeLauncher()
+    Autotuner(cmd, num_gpus=2, memory_per_device="8GiB", results_dir=tmp_path / "both", launcher=launcher,
+              node=gpu_node, engines="deepspeed,fsdp").tune()  # fmt: skip
+    ds = [j for j in launcher.jobs if j.spec.engine == "deepspeed"]
+    assert ds and {j.spec.stage for j in ds} <= {1, 2, 3}
+    for job in ds:
+        assert "--fsdp" not in job.script_args and "--fsdp_config" not in job.script_args
+        assert job.script_args[-2] == "--deepspeed" and job.config["train_micro_batch_size_per_gpu"] == "auto"
+
+
+def test_an_accelerate_config_for_fsdp2_is_tuned_and_keeps_the_users_fsdp_keys(tmp_path, gpu_node, monkeypatch):
+    from test_accelerate_job import SCRIPT
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    acc = {
+        "distributed_type": "FSDP",
+        "mixed_precision": "no",
+        "fsdp_config": {"fsdp_version": 2, "fsdp_state_dict_type": "FULL_STATE_DICT",
+                        "fsdp_activation_checkpointing": True, "fsdp_transformer_layer_cls_to_wrap": "Block"},
+        "num_machines": 1,
+        "num_processes": 2,
+    }  # fmt: skip
+    (tmp_path / "acc.yaml").write_text(yaml.safe_dump(acc))
+    cmd = ["accelerate", "launch", "--config_file", "acc.yaml", "train.py", "--per_device_train_batch_size", "8"]
+    launcher = FakeLauncher()
+    tuner = Autotuner(cmd, memory_per_device="8GiB", results_dir=tmp_path / "r", launcher=launcher, node=gpu_node,
+                      engines="fsdp,deepspeed")  # fmt: skip
+    tuner.tune()
+    fsdp_yaml = yaml.safe_load((tmp_path / "r" / "_accelerate" / "launch-fsdp.yaml").read_text())["fsdp_config"]
+    assert fsdp_yaml["fsdp_state_dict_type"] == "FULL_STATE_DICT" and fsdp_yaml["fsdp_activation_checkpointing"]
+    assert fsdp_yaml["fsdp_transformer_layer_cls_to_wrap"] == "Block"
+    ds_yaml = yaml.safe_load((tmp_path / "r" / "_accelerate" / "launch.yaml").read_text())
+    assert ds_yaml["distributed_type"] == "DEEPSPEED" and "fsdp_config" not in ds_yaml
+    assert {j.spec.engine for j in launcher.jobs} == {"deepspeed", "fsdp"}
+
+    acc["fsdp_config"]["fsdp_version"] = 1
+    (tmp_path / "acc.yaml").write_text(yaml.safe_dump(acc))
+    with pytest.raises(ConfigError, match="fsdp_version: 2"):
+        Autotuner(cmd, results_dir=tmp_path / "r1", launcher=FakeLauncher(), node=gpu_node)

@@ -93,3 +93,9 @@ def test_zerotune_run_trains_a_trainer_script_with_fsdp2(tmp_path):
     )
     assert results["best"].startswith("fsdp-")
     assert "steps=30 zero_stage=None" in printed  # the Trainer trained to its end, without DeepSpeed
+    line = (res / "cmd_optimal.txt").read_text()
+    words = shlex.split(line)
+    assert words[words.index("--fsdp_config") + 1] == str(res / "fsdp_config_optimal.json")
+    again = subprocess.run(["bash", "-c", line], capture_output=True, text=True, env=ENV, timeout=600, cwd=tmp_path)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "steps=30 zero_stage=None" in again.stdout  # cmd_optimal.txt, as written, trains with FSDP2

@@ -137,3 +137,19 @@ def ds_equivalent(config: dict[str, Any]) -> dict[str, Any]:
         "zero_optimization": zero,
         **({precision: {"enabled": True}} if precision in ("bf16", "fp16") else {}),
     }
+
+
+def deepspeed_space(precision: str) -> dict[str, Any]:
+    """The ds_config the DeepSpeed side searches for a program configured for FSDP2, which brings
+    none: every ZeRO stage above 0 and the micro-batch, with the values the framework fills
+    itself left "auto" (its optimizer, clipping and scheduler are the same under either engine)."""
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_optimization": {"stage": [1, 2, 3]},
+        "autotuning": {},
+    }
+    if precision in ("bf16", "fp16"):
+        config[precision] = {"enabled": "auto"}
+    return config

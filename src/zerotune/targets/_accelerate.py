@@ -165,12 +165,22 @@ def read_accelerate_config(launch: AccelerateLaunch) -> tuple[Path, dict[str, An
                 f"accelerate launch {word.split('=', 1)[0]}: zerotune tunes DeepSpeed through "
                 f"the config file; put it in {path} instead of the command"
             )
-    uses_deepspeed = str(data.get("distributed_type", "")).upper() == "DEEPSPEED" or "--use_deepspeed" in launch.options
-    if not uses_deepspeed:
+    kind = str(data.get("distributed_type", "")).upper()
+    uses_deepspeed = kind == "DEEPSPEED" or "--use_deepspeed" in launch.options
+    if kind == "FSDP" and not uses_deepspeed:
+        version = (
+            (data.get("fsdp_config") or {}).get("fsdp_version", 1) if isinstance(data.get("fsdp_config"), dict) else 1
+        )
+        if str(version) != "2":
+            raise ConfigError(
+                f"Accelerate config {str(path)!r} uses FSDP version {version}; zerotune tunes FSDP2: set "
+                "fsdp_config: {fsdp_version: 2}"
+            )
+    elif not uses_deepspeed:
         raise ConfigError(
-            f"Accelerate config {str(path)!r} does not use DeepSpeed (distributed_type: "
-            f"{data.get('distributed_type')!r}); zerotune tunes DeepSpeed: set distributed_type: "
-            "DEEPSPEED and a deepspeed_config"
+            f"Accelerate config {str(path)!r} uses neither DeepSpeed nor FSDP (distributed_type: "
+            f"{data.get('distributed_type')!r}); set distributed_type: DEEPSPEED with a deepspeed_config, or "
+            "FSDP with fsdp_config: {fsdp_version: 2}"
         )
     return path, data
 
@@ -237,7 +247,18 @@ class AccelerateTarget(Target):
 
     def __post_init__(self) -> None:
         self.config_file, self.accelerate_config = read_accelerate_config(self.launch)
-        self.source = ds_config_of(self.config_file, self.accelerate_config, self.launch)
+        if self.engine == "fsdp":
+            from ..request import deepspeed_space
+
+            self.source = deepspeed_space(self.fsdp_settings({}).mixed_precision)
+        else:
+            self.source = ds_config_of(self.config_file, self.accelerate_config, self.launch)
+
+    @property
+    def engine(self) -> str:
+        """``fsdp`` where the Accelerate config trains with FSDP2."""
+        kind = str(self.accelerate_config.get("distributed_type", "")).upper()
+        return "fsdp" if kind == "FSDP" and "--use_deepspeed" not in self.launch.options else "deepspeed"
 
     def config_source(self, given):
         return given if given is not None else self.source
@@ -287,7 +308,7 @@ class AccelerateTarget(Target):
     def launch_config(self, ds_config: Path, num_gpus: int) -> dict[str, Any]:
         """The user's Accelerate config naming ``ds_config``, for ``num_gpus`` processes per node:
         DeepSpeed from the file only (Accelerate refuses its keys beside one)."""
-        data = {k: v for k, v in self.accelerate_config.items() if k != "mixed_precision"}
+        data = {k: v for k, v in self.accelerate_config.items() if k not in ("mixed_precision", "fsdp_config")}
         plugin = {k: v for k, v in (data.get("deepspeed_config") or {}).items() if k not in INLINE_KEYS}
         plugin["deepspeed_config_file"] = str(ds_config.resolve())
         data.update(distributed_type="DEEPSPEED", deepspeed_config=plugin, num_processes=num_gpus, num_machines=1)
@@ -306,6 +327,10 @@ class AccelerateTarget(Target):
         """The precision of the Accelerate config (``mixed_precision``), the same under either engine."""
         from ..request import FsdpSettings
 
+        own = self.accelerate_config.get("fsdp_config") if self.engine == "fsdp" else None
+        classes = (own or {}).get("fsdp_transformer_layer_cls_to_wrap") if isinstance(own, dict) else None
+        if not wrap and isinstance(classes, str):
+            wrap = tuple(c.strip() for c in classes.split(",") if c.strip())
         precision = str(self.accelerate_config.get("mixed_precision") or "no").lower()
         if precision not in ("bf16", "fp16"):
             return super().fsdp_settings(ds_config, wrap)

@@ -118,6 +118,11 @@ class Target(abc.ABC):
         return self.command.code_identity(), [type(self).__name__, *self.command.identity_args()]
 
     @property
+    def engine(self) -> str:
+        """The engine the program is configured for: what is tuned unless ``engines`` says more."""
+        return "deepspeed"
+
+    @property
     def fsdp(self) -> FsdpForm | None:
         """How an FSDP2 trial of this program runs, and the command that trains with FSDP2 (the
         same methods as this class's, for the other engine); None: the program trains with

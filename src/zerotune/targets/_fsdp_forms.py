@@ -102,8 +102,6 @@ def accelerate_fsdp_keys(config: dict[str, Any]) -> dict[str, Any]:
         "fsdp_reshard_after_forward": config["reshard_after_forward"],
         "fsdp_offload_params": config["cpu_offload"],
         "fsdp_auto_wrap_policy": config["auto_wrap_policy"],
-        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-        "fsdp_cpu_ram_efficient_loading": False,
     }
     if config.get("transformer_layer_cls_to_wrap"):
         out["fsdp_transformer_layer_cls_to_wrap"] = ",".join(config["transformer_layer_cls_to_wrap"])
@@ -141,7 +139,12 @@ class AccelerateFsdp(FsdpForm):
         is left out: accelerate launch would start plain processes without FSDP (on CPU the ranks
         are told so by ACCELERATE_USE_CPU instead)."""
         data = {k: v for k, v in self.target.accelerate_config.items() if k not in ("deepspeed_config", "use_cpu")}
-        data.update(distributed_type="FSDP", fsdp_config=block, num_processes=num_gpus, num_machines=1)
+        own = data.get("fsdp_config") if isinstance(data.get("fsdp_config"), dict) else {}
+        # The user's other FSDP keys (state dict type, activation checkpointing) stay as they were.
+        defaults = {"fsdp_state_dict_type": "SHARDED_STATE_DICT", "fsdp_cpu_ram_efficient_loading": False}
+        data.update(
+            distributed_type="FSDP", fsdp_config={**defaults, **own, **block}, num_processes=num_gpus, num_machines=1
+        )
         return data
 
     def final_config(self, config: dict[str, Any]) -> dict[str, Any]:

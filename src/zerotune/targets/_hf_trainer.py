@@ -51,6 +51,31 @@ class HfTrainerTarget(ScriptTarget):
         refuses a config that disagrees with its arguments.)"""
         return {**TRAINER_ARGS, **(given or {})}
 
+    @property
+    def engine(self) -> str:
+        """``fsdp`` where the command trains with FSDP (``--fsdp`` and no ``--deepspeed``)."""
+        fsdp = "--fsdp" in self.command.args or any(a.startswith("--fsdp=") for a in self.command.args)
+        return "fsdp" if fsdp and self.command.config_path() is None else "deepspeed"
+
+    def fsdp_config_path(self) -> str | None:
+        return self.command.option_value("--fsdp_config")
+
+    def config_source(self, given):
+        """Under FSDP the command names no ds_config: the DeepSpeed side searches every stage with
+        the Trainer's own values ("auto"), at the command's precision."""
+        if given is None and self.engine == "fsdp":
+            from ..request import deepspeed_space
+
+            return deepspeed_space(self.fsdp_settings({}).mixed_precision)
+        return super().config_source(given)
+
+    def trial_args(self, config, mapped: dict[str, str]) -> list[str]:
+        """A DeepSpeed trial's arguments: the ds_config in place of the command's FSDP options
+        where it trains with FSDP."""
+        if self.engine == "deepspeed":
+            return super().trial_args(config, mapped)
+        return [*without_fsdp(self.command).trial_args(None, mapped), "--deepspeed", str(config.resolve())]
+
     def probe_fields(self, config):
         """The Trainer runs on Accelerate, whose CPU processes need zerotune's lift (see
         zerotune.accelerate_cpu)."""
@@ -60,19 +85,38 @@ class HfTrainerTarget(ScriptTarget):
     def fsdp(self):
         from ._fsdp_forms import HfTrainerFsdp
 
-        return HfTrainerFsdp(self.command)
+        return HfTrainerFsdp(without_fsdp(self.command))
 
     def fsdp_settings(self, ds_config: dict, wrap: tuple[str, ...] = ()):
         """The Trainer's precision is its ``--bf16``/``--fp16`` (its ds_config's "auto" follows
         them), the same under either engine."""
         from ..request import FsdpSettings
 
+        wrap = wrap or self.own_wrap()
         for flag in ("--bf16", "--fp16"):
             value = self.command.option_value(flag)
             bare = flag in self.command.args and (value is None or value.startswith("-"))
             if bare or (value or "").lower() in ("true", "1", "yes"):
                 return FsdpSettings(wrap=wrap, mixed_precision=flag[2:])
         return super().fsdp_settings(ds_config, wrap)
+
+    def own_wrap(self) -> tuple[str, ...]:
+        """The blocks the command's own ``--fsdp_config`` wraps (``transformer_layer_cls_to_wrap``)."""
+        import json
+
+        from .._errors import ConfigError
+
+        path = self.fsdp_config_path()
+        if path is None or not path.endswith(".json"):
+            return ()
+        try:
+            given = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--fsdp_config {path!r} cannot be read as JSON ({e}); fix the file") from None
+        classes = given.get("transformer_layer_cls_to_wrap", given.get("fsdp_transformer_layer_cls_to_wrap"))
+        if isinstance(classes, str):
+            classes = [c.strip() for c in classes.split(",") if c.strip()]
+        return tuple(classes) if isinstance(classes, list) and all(isinstance(c, str) for c in classes) else ()
 
     def script_batch(self, mappings: dict[str, str]) -> dict[str, int]:
         """The mapped options' values in the command, or TrainingArguments' defaults for the
@@ -86,3 +130,23 @@ class HfTrainerTarget(ScriptTarget):
             },
             **given,
         }
+
+
+FSDP_OPTIONS = ("--fsdp", "--fsdp_config")
+
+
+def without_fsdp(command: UserCommand) -> UserCommand:
+    """``command`` without the Trainer's FSDP options (``--fsdp [value]``, ``--fsdp_config path``):
+    what a trial adds its own engine's options to."""
+    args, i, words = [], 0, list(command.args)
+    while i < len(words):
+        word = words[i]
+        if word.split("=", 1)[0] in FSDP_OPTIONS:
+            takes_value = "=" not in word and (
+                word == "--fsdp_config" or (i + 1 < len(words) and not words[i + 1].startswith("-"))
+            )
+            i += 2 if takes_value else 1
+            continue
+        args.append(word)
+        i += 1
+    return UserCommand(command.script, tuple(args), command.local_rank, command.code)

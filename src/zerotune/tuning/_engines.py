@@ -9,7 +9,8 @@ losses per step differ by the reduction order's rounding only. Each trajectory i
 to its first step: a framework may scale the loss its model returns by the accumulation or the
 number of ranks differently under each engine (the Hugging Face Trainer does), a constant factor
 that does not change what is trained. Where either check fails, the engine the program is not
-configured for (FSDP2) is not ranked, and the summary says why.
+configured for (FSDP2, for a program configured for DeepSpeed) is not ranked, and the summary
+says why.
 """
 
 from __future__ import annotations
@@ -56,6 +57,21 @@ def numerics_differ(factory: TrialFactory) -> str:
     return "; ".join(f"{ENGINE_NAMES[e]} trains {numerics_line(v)}" for e, v in found.items())
 
 
+def other_engine(factory: TrialFactory) -> str:
+    """The engine the program is not configured for: the one left unranked where they differ."""
+    return "deepspeed" if factory.target.engine == "fsdp" else "fsdp"
+
+
+def check_numerics(record: TuningRecord, factory: TrialFactory) -> None:
+    """Where the engines would train in other dtypes, the one the program is not configured for
+    is not measured (its trials could not be ranked), and the summary names both."""
+    if len(factory.engines) < 2 or not (why := numerics_differ(factory)):
+        return
+    other = other_engine(factory)
+    record.unranked[other] = f"it would train other numbers ({why})"
+    record.note(f"engines: {ENGINE_NAMES[other]} not measured: {record.unranked[other]}")
+
+
 def loss_pair(trials: list[TrialResult], metric: str, margin: float) -> tuple[TrialResult, TrialResult] | None:
     """A DeepSpeed and an FSDP2 trial of the same micro-batch and accumulation that both read
     losses: the best FSDP2 trial's twin where there is one, else any such pair."""
@@ -74,9 +90,11 @@ def loss_pair(trials: list[TrialResult], metric: str, margin: float) -> tuple[Tr
 
 
 def check_losses(record: TuningRecord, factory: TrialFactory, metric: str, margin: float) -> None:
-    """Compare the first steps' losses of the two engines (see the module's docs); FSDP2 is not
-    ranked where they disagree beyond LOSS_TOLERANCE. The summary says what was compared."""
-    if "fsdp" in record.unranked or not any(t.spec.engine == "fsdp" for t in record.trials):
+    """Compare the first steps' losses of the two engines (see the module's docs); the engine the
+    program is not configured for is not ranked where they disagree beyond LOSS_TOLERANCE. The
+    summary says what was compared."""
+    other = other_engine(factory)
+    if record.unranked or len({t.spec.engine for t in record.trials}) < 2:
         return
     pair = loss_pair(record.trials, metric, margin)
     if pair is None:
@@ -94,12 +112,13 @@ def check_losses(record: TuningRecord, factory: TrialFactory, metric: str, margi
     if gap <= tolerance:
         record.note(f"engines: the first {steps} steps' losses agree within {tolerance:g} ({seen})")
         return
+    configured = ENGINE_NAMES[factory.target.engine]
     why = (
-        f"its first {steps} steps' losses differ from DeepSpeed's beyond {tolerance:g} ({seen}); the two "
+        f"its first {steps} steps' losses differ from {configured}'s beyond {tolerance:g} ({seen}); the two "
         "configurations train other numbers (gradient clipping, the optimizer or the scheduler set for one only?)"
     )
-    record.unranked["fsdp"] = why
-    record.note(f"engines: FSDP2 not ranked: {why}")
+    record.unranked[other] = why
+    record.note(f"engines: {ENGINE_NAMES[other]} not ranked: {why}")
 
 
 def _losses(t: TrialResult) -> str:

@@ -22,7 +22,7 @@ from ..request import (
     trial_config,
 )
 from ..results import Identity, ResultStore
-from ..search import MicroBatchSearch, Searcher
+from ..search import MicroBatchSearch
 from ..targets import Target, UserCommand
 from ..trials import MeasureSettings, TrialSpec
 
@@ -75,10 +75,6 @@ class TrialFactory:
                 "max_train_batch_size"
             )
         return out
-
-    def default_searcher(self) -> Searcher:
-        """The micro-batch search over the stages; a fresh one for each tune()."""
-        return self.micro_batch_search("deepspeed" if "deepspeed" in self.engines else "fsdp")
 
     def micro_batch_search(self, engine: str, overrides: dict[int, tuple] | None = None) -> MicroBatchSearch:
         """The micro-batch search of one engine: DeepSpeed over the config's stages, FSDP2 over

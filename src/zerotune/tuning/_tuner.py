@@ -34,7 +34,7 @@ from ..results import (
     no_choice_message,
     tuning_cost,
 )
-from ..search import OwnConfigSearch, Searcher
+from ..search import OwnConfigSearch
 from ..targets import Target, detect, require_config
 from ..trials import MeasureSettings, choose_best
 from ..units import parse_size
@@ -150,7 +150,7 @@ class Autotuner:
         self.launcher = launcher or self.cluster.make_launcher()
         self.slots = self.cluster.slots(machines.max_concurrent_trials)
         self.on_event = on_event or (lambda e: None)
-        engines = parse_engines(self.search.engines) or ("deepspeed",)
+        engines = parse_engines(self.search.engines) or (self.target.engine,)
         if "fsdp" in engines and self.target.fsdp is None:
             raise ConfigError(
                 f"--engines fsdp: {self.target.kind} chooses its engine in its own code, so zerotune cannot "
@@ -211,7 +211,6 @@ class Autotuner:
             on_event=self.on_event,
         )
         self.record, self.result = record, None
-        searcher = self.search.searcher or trials.default_searcher()
         start = self.launcher.now()
         self.launcher.preflight()  # a missing tool or an unreachable host: one error before any trial
         self.launcher.check_storage(self.results_dir)  # every node writes where this one reads
@@ -227,7 +226,7 @@ class Autotuner:
         run = PhaseRun(trials, self.launcher, self.slots, record, start=start, time_budget=self.time_budget)
         confirmation = None
         try:
-            for phase, stopper in self._phases(searcher, record):
+            for phase, stopper in self._phases(record):
                 if not run.run(phase, stopper):
                     break
             if dropped := self.launcher.dropped:
@@ -331,28 +330,29 @@ class Autotuner:
         if line := leftovers_line(end_leftovers(self.results_dir, own=True), "this tuning's trials"):
             record.note(line)
 
-    def _phases(self, searcher: Searcher, record: TuningRecord):
-        """(searcher, stopping rule) in turn; each is built when the one before has finished."""
+    def _phases(self, record: TuningRecord):
+        """(searcher, stopping rule) in turn; each is built when the one before has finished: the
+        user's searcher alone, or the user's own config, each engine's micro-batch search, offload
+        where needed, then the ZeRO knobs."""
         from . import _engines as engines
         from . import _phases as phases
 
-        deepspeed = "deepspeed" in self.trials.engines
-        if (own := self.trials.own_spec) is not None and self.search.searcher is None and deepspeed:
-            yield OwnConfigSearch(own), None  # measured first: what the choice is compared with
-        yield searcher, None
         if self.search.searcher is not None:
+            yield self.search.searcher, None
             return
-        if deepspeed and "fsdp" in self.trials.engines:
-            if why := engines.numerics_differ(self.trials):
-                record.unranked["fsdp"] = f"it would train other numbers ({why})"
-                record.note(f"engines: FSDP2 not measured: {record.unranked['fsdp']}")
-            else:
-                yield self.trials.micro_batch_search("fsdp"), None
-                engines.check_losses(record, self.trials, self.request.autotuning.metric, self.measure.tie_margin)
-        if deepspeed and (offload := phases.offload_searcher(self.trials, record)) is not None:
+        engines.check_numerics(record, self.trials)  # an engine that would train other numbers is left out
+        run = [e for e in self.trials.engines if e not in record.unranked]
+        if (own := self.trials.own_spec) is not None and "deepspeed" in run:
+            yield OwnConfigSearch(own), None  # measured first: what the choice is compared with
+        for engine in run:
+            yield self.trials.micro_batch_search(engine), None
+        if len(run) == 2:
+            engines.check_losses(record, self.trials, self.request.autotuning.metric, self.measure.tie_margin)
+        if "deepspeed" in run and (offload := phases.offload_searcher(self.trials, record)) is not None:
             yield offload, None
-        if "fsdp" not in record.unranked and (offload := phases.fsdp_offload_searcher(self.trials, record)):
-            yield offload, None
+        if "fsdp" in run and "fsdp" not in record.unranked:
+            if (offload := phases.fsdp_offload_searcher(self.trials, record)) is not None:
+                yield offload, None
         yield from phases.knob_searchers(self.trials, record)
 
     def _session_info(self) -> dict[str, Any]:
