@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import ConfigError
-from ._accelerate_files import WORK, AccelerateLauncher, write_yaml
+from ._accelerate_files import AccelerateLauncher, work_folder, write_yaml
 from ._accelerate_files import yaml_module as _yaml
 from ._base import Target
 from ._command import UserCommand, option_value
@@ -339,11 +339,7 @@ class AccelerateTarget(Target):
     def program_launcher(self, root: Path, ds_config: Path, num_gpus: int) -> AccelerateLauncher:
         """accelerate launch for the trials, with zerotune's launch config (in the results
         folder) and the user's other options."""
-        work = root / WORK
-        if work.is_symlink() or (work.exists() and not work.is_dir()):
-            work.unlink()  # zerotune's own name in the results folder: a link or file there is replaced
-        work.mkdir(parents=True, exist_ok=True)
-        path = self.write_launch_config(work / "launch.yaml", ds_config, num_gpus)
+        path = self.write_launch_config(work_folder(root) / "launch.yaml", ds_config, num_gpus)
         return AccelerateLauncher(options=("--config_file", str(path.resolve()), *self.launch.kept_options()))
 
     def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str], cluster) -> str:

@@ -27,14 +27,21 @@ def yaml_module():
 
 
 def write_yaml(path: Path, data: dict[str, Any]) -> Path:
-    """``data`` as an Accelerate config file at ``path`` (its folder made where missing)."""
+    """``data`` as an Accelerate config file at ``path``."""
     from .._files import write_atomic
 
-    if path.parent.is_symlink() or (path.parent.exists() and not path.parent.is_dir()):
-        path.parent.unlink()  # zerotune's own name in the results folder: a link or file there is replaced
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, yaml_module().safe_dump(data, sort_keys=False))
     return path
+
+
+def work_folder(root: Path) -> Path:
+    """zerotune's folder in the results folder ``root`` for the trials' launch configs, made
+    where missing (a link or file of that name there is replaced, never followed)."""
+    work = root / WORK
+    if work.is_symlink() or (work.exists() and not work.is_dir()):
+        work.unlink()
+    work.mkdir(parents=True, exist_ok=True)
+    return work
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..accelerate_cpu import CPU_ENV, write_site
-from ._accelerate_files import WORK, AccelerateLauncher, write_yaml
+from ._accelerate_files import AccelerateLauncher, work_folder, write_yaml
 from ._command import CONFIG_FLAGS, UserCommand
 
 if TYPE_CHECKING:
@@ -158,7 +158,7 @@ class AccelerateFsdp(FsdpForm):
 
     def program_launcher(self, root: Path, config: Path, num_gpus: int):
         block = accelerate_fsdp_keys(json.loads(config.read_text()))
-        path = write_yaml(root / WORK / "launch-fsdp.yaml", self.launch_config(block, num_gpus))
+        path = write_yaml(work_folder(root) / "launch-fsdp.yaml", self.launch_config(block, num_gpus))
         return AccelerateLauncher(options=("--config_file", str(path.resolve()), *self.target.launch.kept_options()))
 
     def final_command(self, optimal: Path, config: dict[str, Any], mapped: dict[str, str], cluster: Cluster) -> str:

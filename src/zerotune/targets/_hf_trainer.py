@@ -11,10 +11,12 @@ transformers is imported only inside the script's processes, never here.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._errors import ConfigError
 from ._base import ScriptTarget
 from ._command import UserCommand
 
@@ -102,10 +104,6 @@ class HfTrainerTarget(ScriptTarget):
 
     def own_wrap(self) -> tuple[str, ...]:
         """The blocks the command's own ``--fsdp_config`` wraps (``transformer_layer_cls_to_wrap``)."""
-        import json
-
-        from .._errors import ConfigError
-
         path = self.fsdp_config_path()
         if path is None or not path.endswith(".json"):
             return ()
@@ -113,6 +111,8 @@ class HfTrainerTarget(ScriptTarget):
             given = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise ConfigError(f"--fsdp_config {path!r} cannot be read as JSON ({e}); fix the file") from None
+        if not isinstance(given, dict):
+            raise ConfigError(f"--fsdp_config {path!r} is not a JSON object of FSDP keys; fix the file")
         classes = given.get("transformer_layer_cls_to_wrap", given.get("fsdp_transformer_layer_cls_to_wrap"))
         if isinstance(classes, str):
             classes = [c.strip() for c in classes.split(",") if c.strip()]

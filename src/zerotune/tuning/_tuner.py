@@ -348,12 +348,13 @@ class Autotuner:
             yield self.trials.micro_batch_search(engine), None
         if len(run) == 2:
             engines.check_losses(record, self.trials, self.request.autotuning.metric, self.measure.tie_margin)
+        run = [e for e in run if e not in record.unranked]  # the losses may have left one out
         if "deepspeed" in run and (offload := phases.offload_searcher(self.trials, record)) is not None:
             yield offload, None
-        if "fsdp" in run and "fsdp" not in record.unranked:
-            if (offload := phases.fsdp_offload_searcher(self.trials, record)) is not None:
-                yield offload, None
-        yield from phases.knob_searchers(self.trials, record)
+        if "fsdp" in run and (offload := phases.fsdp_offload_searcher(self.trials, record)) is not None:
+            yield offload, None
+        if "deepspeed" in run:
+            yield from phases.knob_searchers(self.trials, record)
 
     def _session_info(self) -> dict[str, Any]:
         own = self.trials.own_spec
