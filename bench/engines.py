@@ -136,6 +136,10 @@ def main() -> None:
             print(f"  round {rep + 1}: {engine} {best[engine]['name']} {value:.1f} samples/s", flush=True)
     ds, fs = statistics.median(figures["deepspeed"]), statistics.median(figures["fsdp"])
     gap = loss_gap(summary)
+    try:
+        gap = float(gap)  # a number where the tuning compared the losses
+    except ValueError:
+        pass
     out = {
         "fsdp_over_deepspeed": round(fs / ds, 3),
         "deepspeed": round(ds, 1),
