@@ -312,3 +312,29 @@ def test_an_accelerate_config_for_fsdp2_is_tuned_and_keeps_the_users_fsdp_keys(t
     (tmp_path / "acc.yaml").write_text(yaml.safe_dump(acc))
     with pytest.raises(ConfigError, match="fsdp_version: 2"):
         Autotuner(cmd, results_dir=tmp_path / "r1", launcher=FakeLauncher(), node=gpu_node)
+
+
+def test_fsdp2_units_by_parameter_count(tmp_path, trainer_script, gpu_node):
+    from zerotune.request import parse_wrap
+
+    assert parse_wrap("10M") == ((), 10_000_000) and parse_wrap("Block,Attn") == (("Block", "Attn"), None)
+    with pytest.raises(ConfigError, match="neither a class name nor a parameter count"):
+        parse_wrap("12-layers")
+    launcher = FakeLauncher()
+    Autotuner(hf_command(trainer_script, hf_config(tmp_path)), num_gpus=2, memory_per_device="8GiB",
+              results_dir=tmp_path / "r", launcher=launcher, node=gpu_node, engines="fsdp", fsdp_wrap="1e7").tune()  # fmt: skip
+    config = json.loads(open(launcher.jobs[0].script_args[-1]).read())
+    assert config["auto_wrap_policy"] == "SIZE_BASED_WRAP" and config["min_num_params"] == 10_000_000
+    optimal = json.loads((tmp_path / "r" / "fsdp_config_optimal.json").read_text())
+    assert optimal["min_num_params"] == 10_000_000
+
+
+def test_a_script_that_shards_itself_is_out_of_scope_with_one_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("from torch.distributed.fsdp import fully_shard\nfully_shard(model)\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "zerotune.cli", "tune", "--results-dir", str(tmp_path / "r"), str(script)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "applies fully_shard itself" in out.stderr and not (tmp_path / "r").exists()

@@ -179,9 +179,10 @@ def tune_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--fsdp-wrap",
         default=None,
-        metavar="CLASSES",
-        help="the model's block classes that FSDP2 shards one by one, comma-separated (default: the model's "
-        "_no_split_modules, as Hugging Face models declare them; else the whole model is one unit)",
+        metavar="CLASSES|COUNT",
+        help="FSDP2's unit: the model's block classes, each sharded as one, comma-separated, or a unit's "
+        "parameter count such as 10M (default: the model's _no_split_modules, as Hugging Face models declare "
+        "them; else the whole model is one unit)",
     )
     p.add_argument(
         "--tie-margin",

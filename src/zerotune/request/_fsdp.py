@@ -36,6 +36,9 @@ class FsdpSettings:
     wrap: tuple[str, ...] = ()
     """Class names of the modules each wrapped as one FSDP2 unit (transformer blocks); empty: the
     model's own ``_no_split_modules`` (Hugging Face models), else the model as one unit."""
+    min_params: int | None = None
+    """Units by parameter count instead: each module of at least this many parameters not yet
+    wrapped is one (torch's size-based policy)."""
     mixed_precision: str = "no"
     """The user's mixed precision (``no``, ``bf16`` or ``fp16``), never searched: a trial in another
     precision trains other numbers."""
@@ -43,6 +46,8 @@ class FsdpSettings:
 
 WRAP = "TRANSFORMER_BASED_WRAP"
 """Each named block (or, with none named, each of the model's ``_no_split_modules``) one unit."""
+SIZE_WRAP = "SIZE_BASED_WRAP"
+"""Each module of at least ``min_num_params`` parameters one unit."""
 
 
 def fsdp_config(spec: TrialSpec, settings: FsdpSettings) -> dict[str, Any]:
@@ -56,8 +61,14 @@ def fsdp_config(spec: TrialSpec, settings: FsdpSettings) -> dict[str, Any]:
         "version": 2,
         "reshard_after_forward": spec.stage == 3,
         "cpu_offload": bool(knobs.get("fsdp.offload", False)),
-        "auto_wrap_policy": WRAP,
-        **({"transformer_layer_cls_to_wrap": list(settings.wrap)} if settings.wrap else {}),
+        **(
+            {"auto_wrap_policy": SIZE_WRAP, "min_num_params": settings.min_params}
+            if settings.min_params
+            else {
+                "auto_wrap_policy": WRAP,
+                **({"transformer_layer_cls_to_wrap": list(settings.wrap)} if settings.wrap else {}),
+            }
+        ),
         "sync_each_batch": bool(knobs.get("fsdp.sync_each_batch", False)),
         "mixed_precision": settings.mixed_precision,
         "train_micro_batch_size_per_gpu": spec.micro_batch,
@@ -113,15 +124,32 @@ def parse_engines(value: str | list[str] | tuple[str, ...] | None) -> tuple[str,
     return tuple(dict.fromkeys(words))
 
 
-def parse_wrap(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
-    """``--fsdp-wrap Block,Layer`` (or a list) as class names."""
+def parse_wrap(value: str | list[str] | tuple[str, ...] | None) -> tuple[tuple[str, ...], int | None]:
+    """``--fsdp-wrap Block,Layer`` (or a list) as class names, or ``--fsdp-wrap 10M`` as a unit's
+    parameter count: (names, None) or ((), count)."""
     if value is None:
-        return ()
+        return (), None
     words = value.replace(",", " ").split() if isinstance(value, str) else [str(v).strip() for v in value]
+    if len(words) == 1 and (count := _count(words[0])) is not None:
+        return (), count
     bad = [w for w in words if not w.isidentifier()]
-    if bad:
-        raise ConfigError(f"--fsdp-wrap: {bad[0]!r} is not a class name; give the model's block classes, e.g. Block")
-    return tuple(words)
+    if bad or not words:
+        what = repr(bad[0]) if bad else "nothing"
+        raise ConfigError(
+            f"--fsdp-wrap: {what} is neither a class name nor a parameter count; give the model's block classes "
+            "(Block) or the parameters of a unit (10M)"
+        )
+    return tuple(words), None
+
+
+def _count(word: str) -> int | None:
+    """``10M``, ``1e7`` or ``10000000`` as a count from 1 to 10^14; None where ``word`` is none."""
+    scale = {"k": 1e3, "m": 1e6, "b": 1e9}.get(word[-1:].lower(), 1)
+    try:
+        number = float(word[:-1] if scale != 1 else word) * scale
+    except ValueError:
+        return None
+    return int(number) if 1 <= number <= 1e14 else None
 
 
 def ds_equivalent(config: dict[str, Any]) -> dict[str, Any]:

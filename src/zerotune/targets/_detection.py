@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .._errors import ConfigError
 from ._base import ScriptTarget, Target
 from ._command import UserCommand
 
@@ -37,4 +38,19 @@ def detect(
         return LightningTarget(command=user, job=inspect_script(user.script, list(user.args), inspect_dir, env))
     if looks_like_hf_trainer(user.script):
         return HfTrainerTarget(command=user)
+    if ds_config is None and user.config_path() is None and _shards_itself(user.script):
+        raise ConfigError(
+            f"{user.script} applies fully_shard itself and names no ds_config: zerotune tunes FSDP2 where the "
+            "Hugging Face Trainer or Accelerate applies it (--engines fsdp), and a script that calls "
+            "deepspeed.initialize with --deepspeed_config ds.json; train this one through Accelerate's FSDP2 "
+            "config, or give it a ds_config"
+        )
     return ScriptTarget(command=user)
+
+
+def _shards_itself(script: str) -> bool:
+    """The script's source calls ``fully_shard`` (read, not run)."""
+    try:
+        return "fully_shard(" in Path(script).read_text(errors="replace")
+    except OSError:
+        return False

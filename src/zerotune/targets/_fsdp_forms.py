@@ -70,7 +70,14 @@ class HfTrainerFsdp(FsdpForm):
     def final_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """zerotune's FSDP2 config as the Trainer's ``fsdp_config`` (its precision stays the
         command's ``--bf16``/``--fp16``, the accumulation its option)."""
-        keys = ("version", "reshard_after_forward", "cpu_offload", "auto_wrap_policy", "transformer_layer_cls_to_wrap")
+        keys = (
+            "version",
+            "reshard_after_forward",
+            "cpu_offload",
+            "auto_wrap_policy",
+            "transformer_layer_cls_to_wrap",
+            "min_num_params",
+        )
         return {k: config[k] for k in keys if k in config}
 
     def trial_args(self, config: Path, mapped: dict[str, str]) -> list[str]:
@@ -105,6 +112,8 @@ def accelerate_fsdp_keys(config: dict[str, Any]) -> dict[str, Any]:
     }
     if config.get("transformer_layer_cls_to_wrap"):
         out["fsdp_transformer_layer_cls_to_wrap"] = ",".join(config["transformer_layer_cls_to_wrap"])
+    if config.get("min_num_params"):
+        out["fsdp_min_num_params"] = config["min_num_params"]
     return out
 
 
@@ -121,6 +130,8 @@ def accelerate_fsdp_env(config: dict[str, Any]) -> dict[str, str]:
     }
     if "fsdp_transformer_layer_cls_to_wrap" in keys:
         env["FSDP_TRANSFORMER_CLS_TO_WRAP"] = keys["fsdp_transformer_layer_cls_to_wrap"]
+    if "fsdp_min_num_params" in keys:
+        env["FSDP_MIN_NUM_PARAMS"] = str(keys["fsdp_min_num_params"])
     return env
 
 

@@ -41,8 +41,9 @@ class SearchSettings:
     "fsdp" (PyTorch FSDP2, for programs whose framework picks the engine: a Hugging Face Trainer or
     an Accelerate script). Default: the engine the program is configured for."""
     fsdp_wrap: str | list[str] | None = None
-    """Class names of the model's blocks that FSDP2 shards one by one (``--fsdp-wrap Block``);
-    default: the model's own ``_no_split_modules`` (Hugging Face models), else the whole model."""
+    """FSDP2's unit: class names of the model's blocks, each sharded as one (``--fsdp-wrap Block``),
+    or a unit's parameter count (``"10M"``: each module of at least that many parameters); default:
+    the model's own ``_no_split_modules`` (Hugging Face models), else the whole model."""
 
     def __post_init__(self) -> None:
         check_values(type(self).__name__, type(self), {f.name: getattr(self, f.name) for f in dataclasses.fields(self)})

@@ -157,6 +157,7 @@ class Autotuner:
                 "switch it to FSDP2; it switches Hugging Face Trainer and Accelerate scripts (tune this one "
                 "with --engines deepspeed)"
             )
+        wrap, unit = parse_wrap(self.search.fsdp_wrap)
         self.trials = TrialFactory(
             request=self.request,
             target=self.target,
@@ -169,7 +170,7 @@ class Autotuner:
             user_config=self.user_config,
             warm_trials=at.warm_trials if machines.warm_trials is None else machines.warm_trials,
             engines=engines,
-            fsdp=self.target.fsdp_settings(self.user_config, parse_wrap(self.search.fsdp_wrap)),
+            fsdp=dataclasses.replace(self.target.fsdp_settings(self.user_config, wrap), min_params=unit),
         )
         """Makes each trial of the tuning (configs, jobs, candidates, the memory model)."""
         self.result: TuningResult | None = None
