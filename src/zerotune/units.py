@@ -92,3 +92,24 @@ def format_duration(seconds: float) -> str:
     if seconds < 36 * 3600:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} days"
+
+
+_COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
+MAX_PARAMS = 10**14
+"""Beyond any model trained today: a typo, not a model."""
+
+
+def is_count(text: str) -> bool:
+    """Whether ``text`` is written as a count (``350M``, ``7e9``), plausible or not."""
+    return bool(_COUNT.match(str(text)))
+
+
+def parse_count(text: str, *, what: str) -> int:
+    """``1.3B``, ``350M``, ``7e9``, ``125000000``."""
+    match = _COUNT.match(str(text))
+    if not match:
+        raise ConfigError(f"{what}: cannot read {text!r} as a number of parameters; write it like 1.3B, 350M or 7e9")
+    value = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
+    if not 1 <= value <= MAX_PARAMS:
+        raise ConfigError(f"{what}: {text!r} is not a plausible parameter count (1 to 100T)")
+    return int(value)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +19,8 @@ from typing import Any
 from .._errors import ConfigError
 from ..models import MemorySetup, estimate, largest_micro_batch
 from ..trials import FSDP_STAGES
+from ..units import parse_count
 
-_COUNT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
 VARIANTS = [
     (0, "none", "none"),
     (1, "none", "none"),
@@ -35,7 +34,6 @@ VARIANTS = [
 """DeepSpeed's stages x offload (optimizer, parameters)."""
 FSDP_VARIANTS = [(2, "none", "none"), (3, "none", "none"), (3, "cpu", "cpu")]
 """FSDP2 keeping and resharding the parameters, and resharding with every sharded state on the host."""
-MAX_PARAMS = 10**14  # beyond any model trained today: a typo, not a model
 
 
 @dataclass(kw_only=True)
@@ -54,17 +52,6 @@ class ModelSize:
     activation_per_sample: float | None = None
     """Bytes per sample at half precision, when the model's shape is known."""
     source: str = ""
-
-
-def parse_count(text: str, *, what: str) -> int:
-    """``1.3B``, ``350M``, ``7e9``, ``125000000``."""
-    match = _COUNT.match(str(text))
-    if not match:
-        raise ConfigError(f"{what}: cannot read {text!r} as a number of parameters; write it like 1.3B, 350M or 7e9")
-    value = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[match.group(2).lower()]
-    if not 1 <= value <= MAX_PARAMS:
-        raise ConfigError(f"{what}: {text!r} is not a plausible parameter count (1 to 100T)")
-    return int(value)
 
 
 def _first(cfg: dict[str, Any], *keys: str) -> Any:

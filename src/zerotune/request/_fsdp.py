@@ -19,6 +19,7 @@ from typing import Any
 
 from .._errors import ConfigError
 from ..trials import ENGINES, TrialSpec
+from ..units import is_count, parse_count
 
 FSDP_FILE = "fsdp_config.json"
 DS_FILE = "ds_config.json"
@@ -130,8 +131,8 @@ def parse_wrap(value: str | list[str] | tuple[str, ...] | None) -> tuple[tuple[s
     if value is None:
         return (), None
     words = value.replace(",", " ").split() if isinstance(value, str) else [str(v).strip() for v in value]
-    if len(words) == 1 and (count := _count(words[0])) is not None:
-        return (), count
+    if len(words) == 1 and is_count(words[0]):
+        return (), parse_count(words[0], what="--fsdp-wrap")
     bad = [w for w in words if not w.isidentifier()]
     if bad or not words:
         what = repr(bad[0]) if bad else "nothing"
@@ -140,16 +141,6 @@ def parse_wrap(value: str | list[str] | tuple[str, ...] | None) -> tuple[tuple[s
             "(Block) or the parameters of a unit (10M)"
         )
     return tuple(words), None
-
-
-def _count(word: str) -> int | None:
-    """``10M``, ``1e7`` or ``10000000`` as a count from 1 to 10^14; None where ``word`` is none."""
-    scale = {"k": 1e3, "m": 1e6, "b": 1e9}.get(word[-1:].lower(), 1)
-    try:
-        number = float(word[:-1] if scale != 1 else word) * scale
-    except ValueError:
-        return None
-    return int(number) if 1 <= number <= 1e14 else None
 
 
 def ds_equivalent(config: dict[str, Any]) -> dict[str, Any]:

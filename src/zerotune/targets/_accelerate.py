@@ -168,9 +168,11 @@ def read_accelerate_config(launch: AccelerateLaunch) -> tuple[Path, dict[str, An
     kind = str(data.get("distributed_type", "")).upper()
     uses_deepspeed = kind == "DEEPSPEED" or "--use_deepspeed" in launch.options
     if kind == "FSDP" and not uses_deepspeed:
-        version = (
-            (data.get("fsdp_config") or {}).get("fsdp_version", 1) if isinstance(data.get("fsdp_config"), dict) else 1
-        )
+        if not isinstance(data.get("fsdp_config") or {}, dict):
+            raise ConfigError(
+                f"{path}: fsdp_config must be a mapping of fsdp_* keys (as `accelerate config` writes it)"
+            )
+        version = (data.get("fsdp_config") or {}).get("fsdp_version", 1)
         if str(version) != "2":
             raise ConfigError(
                 f"Accelerate config {str(path)!r} uses FSDP version {version}; zerotune tunes FSDP2: set "
